@@ -1,0 +1,12 @@
+"""lcsb: LoRA fine-tuning of causal LLMs with layer-cyclic selective backprop."""
+
+import logging as _logging
+import os as _os
+import warnings as _warnings
+
+# Library chatter (download progress bars, deprecation notices of calls made inside peft, bitsandbytes'
+# note about an optional hub kernel we must not fetch) would drown the run's own display.
+_os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+_os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+_logging.getLogger("bitsandbytes").setLevel(_logging.ERROR)
+_warnings.filterwarnings("ignore", category=FutureWarning, module=r"(transformers|peft)\b")

@@ -1,0 +1,24 @@
+from __future__ import annotations
+
+import contextlib
+import resource
+
+import torch
+
+
+class CpuBackend:
+    name = "cpu"
+    device = torch.device("cpu")
+
+    def autocast(self, mode: str):
+        """bf16 autocast runs the frozen products in bf16; LoRA weights and the optimizer stay fp32."""
+        if mode == "bf16":
+            return torch.autocast("cpu", dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+    def peak_mem_mb(self) -> float:
+        """Peak resident set size of this process (Linux reports ru_maxrss in KiB)."""
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+    def synchronize(self) -> None:
+        pass

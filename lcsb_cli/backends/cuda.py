@@ -1,0 +1,24 @@
+from __future__ import annotations
+
+import torch
+
+from ..errors import BadInput
+
+
+class CudaBackend:
+    name = "cuda"
+
+    def __init__(self):
+        if not torch.cuda.is_available():
+            raise BadInput("backend: cuda asked for, but torch sees no CUDA device; use backend=cpu")
+        self.device = torch.device("cuda", torch.cuda.current_device())
+
+    def autocast(self, mode: str):
+        return torch.autocast("cuda", dtype=torch.bfloat16, enabled=mode == "bf16")
+
+    def peak_mem_mb(self) -> float:
+        """The caching allocator's peak of memory handed to tensors."""
+        return torch.cuda.max_memory_allocated(self.device) / 2**20
+
+    def synchronize(self) -> None:
+        torch.cuda.synchronize(self.device)

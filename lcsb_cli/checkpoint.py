@@ -1,0 +1,94 @@
+"""Atomic checkpoints: a temp dir filled, a manifest of checksums written last, then one rename."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from .errors import BadInput
+
+ADAPTER_FILE = "adapter_model.safetensors"
+STATE_FILE = "state.pt"
+MANIFEST = "manifest.json"
+
+
+def checkpoint_dirs(run_dir: Path) -> list[Path]:
+    """Finished checkpoints, newest first."""
+    root = run_dir / "checkpoints"
+    found = [p for p in root.glob("step-*") if (p / MANIFEST).is_file()] if root.is_dir() else []
+    return sorted(found, key=lambda p: int(p.name.split("-")[1]), reverse=True)
+
+
+def save_checkpoint(run_dir: Path, step: int, adapter: dict[str, torch.Tensor], state: dict, keep: int) -> Path:
+    root = run_dir / "checkpoints"
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=root, prefix=f".tmp-step-{step}-"))
+    try:
+        save_file({k: v.detach().contiguous().cpu() for k, v in adapter.items()}, tmp / ADAPTER_FILE)
+        torch.save(state, tmp / STATE_FILE)
+        files = {name: _sha256(tmp / name) for name in (ADAPTER_FILE, STATE_FILE)}
+        write_json_atomic(tmp / MANIFEST, {"step": step, "files": files})
+        _fsync_dir(tmp)
+        final = root / f"step-{step}"
+        if final.exists():
+            shutil.rmtree(final)
+        os.rename(tmp, final)
+        _fsync_dir(root)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    for old in checkpoint_dirs(run_dir)[keep:]:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def load_checkpoint(path: Path) -> tuple[dict[str, torch.Tensor], dict]:
+    """Adapter tensors and state, after checking every file against the manifest's checksums.
+
+    The state is read with `weights_only=True`: tensors and plain containers, never code from the file.
+    """
+    manifest = json.loads((path / MANIFEST).read_text())
+    for name, digest in manifest["files"].items():
+        if not (path / name).is_file() or _sha256(path / name) != digest:
+            raise ValueError(f"{path / name} does not match its checksum")
+    try:
+        state = torch.load(path / STATE_FILE, weights_only=True, map_location="cpu")
+    except Exception as exc:  # torch raises UnpicklingError for anything but plain data
+        raise BadInput(f"{path / STATE_FILE}: refused to load (not plain tensors/containers): {exc}") from exc
+    return load_file(path / ADAPTER_FILE), state
+
+
+def write_json_atomic(path: Path, data) -> None:
+    write_text_atomic(path, json.dumps(data, indent=2) + "\n")
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -1,0 +1,99 @@
+"""The `lcsb` command: each verb parses, loads the recipe, calls one library function and prints."""
+
+from __future__ import annotations
+
+import functools
+import sys
+import traceback
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+
+from .errors import LcsbError
+from .recipe import dump, load_recipe
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help="LoRA fine-tuning with layer-cyclic selective backprop.")
+err = Console(stderr=True)
+out = Console()
+STATE = {"debug": False}
+RECIPES_DIR = Path(__file__).resolve().parent.parent / "recipes"
+
+RecipeArg = Annotated[str, typer.Argument(help="A recipe YAML file, or the name of a shipped recipe (see `lcsb recipes`).")]
+Overrides = Annotated[Optional[list[str]], typer.Argument(help="Dotted KEY=VALUE overrides, e.g. train.max_steps=20 lcsb.blocks=2.")]
+
+
+@app.callback()
+def main(debug: Annotated[bool, typer.Option("--debug", help="Show the traceback of any error.")] = False) -> None:
+    STATE["debug"] = debug
+
+
+def handled(fn):
+    """Turn LcsbError into one line on stderr and its exit code; anything else exits 1 the same way."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except LcsbError as exc:
+            _fail(exc, exc.exit_code)
+        except KeyboardInterrupt:
+            _fail("interrupted", 130)
+        except Exception as exc:  # noqa: BLE001 - the CLI boundary: report, never dump a traceback by default
+            _fail(f"{type(exc).__name__}: {exc} (rerun with --debug for the traceback)", 1)
+
+    return wrapper
+
+
+def _fail(message, code: int):
+    if STATE["debug"]:
+        traceback.print_exc()
+    err.print(f"[red]error:[/] {str(message).splitlines()[0] if str(message) else type(message).__name__}",
+              highlight=False, soft_wrap=True)
+    raise typer.Exit(code)
+
+
+def recipe_path(arg: str) -> Path:
+    path = Path(arg)
+    shipped = RECIPES_DIR / f"{arg}.yaml"
+    return shipped if not path.exists() and shipped.is_file() else path
+
+
+@app.command()
+@handled
+def train(
+    recipe: RecipeArg,
+    overrides: Overrides = None,
+    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Run directory (default: the recipe's output_dir).")] = None,
+    resume: Annotated[bool, typer.Option("--resume", help="Continue the run in the output dir from its last checkpoint.")] = False,
+    force: Annotated[bool, typer.Option("--force", help="Replace another run in the output dir.")] = False,
+) -> None:
+    """Fine-tune with LoRA as the recipe says; writes config.yaml, metrics.jsonl, checkpoints/, adapter/, summary.json."""
+    from .engine import train as run_training
+    from .report import RichReporter
+
+    loaded = load_recipe(recipe_path(recipe), overrides or [])
+    if output is not None:
+        loaded.output_dir = str(output)
+    run_training(loaded, Path(loaded.output_dir), RichReporter(err), resume=resume, force=force)
+
+
+@app.command()
+@handled
+def validate(recipe: RecipeArg, overrides: Overrides = None) -> None:
+    """Check a recipe (and overrides) and print it resolved, every default filled in."""
+    out.print(dump(load_recipe(recipe_path(recipe), overrides or [])), highlight=False, end="")
+
+
+@app.command()
+@handled
+def recipes() -> None:
+    """List the shipped recipes."""
+    for path in sorted(RECIPES_DIR.glob("*.yaml")):
+        first = path.read_text().splitlines()[0] if path.read_text() else ""
+        out.print(f"[bold]{path.stem:<12}[/] {first.lstrip('# ')}  ({path})", highlight=False)
+
+
+if __name__ == "__main__":
+    sys.exit(app())

@@ -1,0 +1,67 @@
+"""Padding and a resumable batch order: batch i depends only on (dataset, batch size, seed, i)."""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+
+_EPOCH_STRIDE = 1_000_003
+_CACHED_EPOCHS = 4
+
+
+def collate(rows: list[dict], pad_id: int) -> dict[str, torch.Tensor]:
+    """Right-pad input_ids/labels to the longest row; attention_mask 1 on real tokens, labels -100 on pads."""
+    width = max(len(row["input_ids"]) for row in rows)
+    input_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    attention_mask = torch.zeros((len(rows), width), dtype=torch.long)
+    labels = torch.full((len(rows), width), -100, dtype=torch.long)
+    for i, row in enumerate(rows):
+        n = len(row["input_ids"])
+        input_ids[i, :n] = torch.tensor(row["input_ids"], dtype=torch.long)
+        attention_mask[i, :n] = 1
+        labels[i, :n] = torch.tensor(row["labels"], dtype=torch.long)
+    return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
+
+
+class BatchStream:
+    """Micro-batches from the endless concatenation of per-epoch permutations.
+
+    Epoch e is ordered by torch.randperm with seed ``seed * 1_000_003 + e``; batch i holds positions
+    [i*B, i*B + B) of that endless sequence, so every batch is full (it may straddle two epochs) and
+    a resumed run only needs the batch index to continue exactly.
+    """
+
+    def __init__(self, dataset: Sequence[dict] | Any, batch_size: int, seed: int, pad_id: int):
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        if len(dataset) == 0:
+            raise ValueError("cannot batch an empty dataset")
+        self.dataset = dataset
+        self.batch_size = batch_size
+        self.seed = seed
+        self.pad_id = pad_id
+        self._perms: dict[int, list[int]] = {}
+
+    @property
+    def batches_per_epoch(self) -> float:
+        return len(self.dataset) / self.batch_size
+
+    def _perm(self, epoch: int) -> list[int]:
+        if epoch not in self._perms:
+            if len(self._perms) >= _CACHED_EPOCHS:
+                del self._perms[next(iter(self._perms))]
+            gen = torch.Generator().manual_seed(self.seed * _EPOCH_STRIDE + epoch)
+            self._perms[epoch] = torch.randperm(len(self.dataset), generator=gen).tolist()
+        return self._perms[epoch]
+
+    def indices(self, index: int) -> list[int]:
+        """Dataset row indices of micro-batch ``index``."""
+        if index < 0:
+            raise ValueError(f"batch index must be >= 0, got {index}")
+        n = len(self.dataset)
+        positions = range(index * self.batch_size, (index + 1) * self.batch_size)
+        return [self._perm(p // n)[p % n] for p in positions]
+
+    def batch(self, index: int) -> dict[str, torch.Tensor]:
+        return collate([self.dataset[i] for i in self.indices(index)], self.pad_id)

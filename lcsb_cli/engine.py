@@ -1,0 +1,211 @@
+"""The training loop: steps, metrics, non-finite guard, checkpoints and exact resume."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Protocol
+
+import torch
+import torch.nn.functional as F
+from peft import get_peft_model_state_dict, set_peft_model_state_dict
+from transformers import get_scheduler
+
+from . import rundir
+from .backends import get_backend
+from .checkpoint import load_checkpoint, save_checkpoint, write_json_atomic
+from .data import build_train_batches
+from .errors import BadInput
+from .methods import build_method
+from .models import load_model, lora_parameters
+from .recipe import Recipe
+
+KEEP_CHECKPOINTS = 3
+
+
+def causal_lm_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Cross-entropy summed over the target tokens (labels != -100); the caller normalises per step."""
+    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    return F.cross_entropy(
+        logits[:, :-1].flatten(0, 1).float(), batch["labels"][:, 1:].flatten(), ignore_index=-100, reduction="sum"
+    )
+
+
+def target_tokens(batch: dict[str, torch.Tensor]) -> int:
+    return int((batch["labels"][:, 1:] != -100).sum())
+
+
+class Reporter(Protocol):
+    def on_start(self, info: dict) -> None: ...
+    def on_step(self, row: dict) -> None: ...
+    def on_end(self, summary: dict) -> None: ...
+
+
+@dataclass
+class Trainer:
+    """One optimizer step per call: grad_accum micro-batches, loss normalised per target token of the step."""
+
+    model: torch.nn.Module
+    params: list[torch.nn.Parameter]
+    optimizer: torch.optim.Optimizer
+    lr_scheduler: torch.optim.lr_scheduler.LRScheduler
+    method: object
+    batches: object  # .batch(index) -> dict of tensors; a pure function of index
+    backend: object
+    grad_accum: int
+    max_grad_norm: float
+    autocast: str
+    loss_fn: Callable = causal_lm_loss
+
+    def step(self, step: int) -> dict:
+        """Run step number `step` (0-based) and return its metrics row."""
+        start = time.perf_counter()
+        active = self.method.begin_step()
+        micro = [self._to_device(self.batches.batch(step * self.grad_accum + i)) for i in range(self.grad_accum)]
+        n_targets = max(sum(target_tokens(b) for b in micro), 1)
+        loss = torch.zeros((), device=self.backend.device)
+        for batch in micro:
+            with self.backend.autocast(self.autocast):
+                summed = self.loss_fn(self.model, batch)
+            (summed / n_targets).backward()
+            loss += summed.detach()
+        loss = float(loss) / n_targets
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, self.max_grad_norm or math.inf))
+        event = None
+        if math.isfinite(loss) and math.isfinite(grad_norm):
+            self.method.before_optimizer_step(active)
+            self.optimizer.step()
+        else:
+            event = "nonfinite_skipped"
+        self.optimizer.zero_grad(set_to_none=True)
+        lr = self.lr_scheduler.get_last_lr()[0]
+        self.lr_scheduler.step()
+        self.backend.synchronize()
+        elapsed = time.perf_counter() - start
+        tokens = int(sum(int(b["attention_mask"].sum()) for b in micro))
+        row = {
+            "step": step + 1, "loss": loss, "lr": lr, "grad_norm": grad_norm, "tokens": tokens,
+            "tokens_per_s": tokens / elapsed, "step_time_s": elapsed, "peak_mem_mb": self.backend.peak_mem_mb(),
+            "active_block": active, "method": self.method.name,
+        }
+        if event:
+            row["event"] = event
+        return row
+
+    def _to_device(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return {k: v.to(self.backend.device, non_blocking=True) for k, v in batch.items()}
+
+
+def train(recipe: Recipe, run_dir: Path, reporter: Reporter, resume: bool = False, force: bool = False) -> dict:
+    """Set up in dependency order (run dir, backend, model, data, optimizer, method, state), then loop."""
+    run_dir = Path(run_dir)
+    resume_from = rundir.check_resume(run_dir, recipe) if resume else None
+    if not resume:
+        rundir.check_fresh(run_dir, force)
+    if recipe.train.threads:
+        torch.set_num_threads(recipe.train.threads)
+    torch.manual_seed(recipe.train.seed)
+    backend = get_backend(recipe.backend)
+    loaded = load_model(recipe, backend.device)
+    if recipe.lcsb.blocks > len(loaded.layers):
+        raise BadInput(f"lcsb.blocks: {recipe.lcsb.blocks} is more than the model's {len(loaded.layers)} layers")
+    batches = build_train_batches(recipe, loaded.tokenizer)
+    params = lora_parameters(loaded.model)
+    optimizer = torch.optim.AdamW(params, lr=recipe.train.lr, weight_decay=recipe.train.weight_decay)
+    lr_scheduler = get_scheduler(
+        recipe.train.lr_scheduler, optimizer, num_warmup_steps=recipe.train.warmup_steps,
+        num_training_steps=recipe.train.max_steps,
+    )
+    method = build_method(recipe, loaded.model, loaded.layers, optimizer)
+    if not resume:
+        rundir.prepare_fresh(run_dir, recipe)
+    trainer = Trainer(
+        loaded.model, params, optimizer, lr_scheduler, method, batches, backend, recipe.train.grad_accum,
+        recipe.train.max_grad_norm, recipe.train.autocast,
+    )
+    first_step, wall_before = 0, 0.0
+    if resume_from is not None:
+        first_step, wall_before = _restore(resume_from, loaded.model, optimizer, lr_scheduler, method)
+        rundir.truncate_metrics(run_dir / "metrics.jsonl", first_step)
+    loaded.model.train()
+    reporter.on_start({"recipe": recipe, "run_dir": run_dir, "first_step": first_step,
+                       "params": sum(p.numel() for p in params), "layers": len(loaded.layers)})
+    started = time.perf_counter()
+    cfg = recipe.train
+    with open(run_dir / "metrics.jsonl", "a") as log:
+        for step in range(first_step, cfg.max_steps):
+            row = trainer.step(step)
+            done = step + 1
+            if done % cfg.log_every == 0 or done == cfg.max_steps or "event" in row:
+                log.write(_json_line(row))
+                log.flush()
+                reporter.on_step(row)
+            if (cfg.save_every and done % cfg.save_every == 0) or done == cfg.max_steps:
+                wall = wall_before + time.perf_counter() - started
+                _save(run_dir, done, loaded.model, optimizer, lr_scheduler, method, wall)
+    wall = wall_before + time.perf_counter() - started
+    _save_adapter(loaded.model, run_dir / "adapter")
+    summary = summarize(rundir.read_metrics(run_dir / "metrics.jsonl"), method, wall)
+    write_json_atomic(run_dir / "summary.json", summary)
+    reporter.on_end(summary)
+    return summary
+
+
+def summarize(rows: list[dict], method, wall_time_s: float) -> dict:
+    steps = [r for r in rows if "loss" in r]
+    times = [r["step_time_s"] for r in steps]
+    tokens = sum(r["tokens"] for r in steps)
+    return {
+        "method": method.name, "blocks": method.blocks, "steps": steps[-1]["step"] if steps else 0,
+        "final_loss": steps[-1]["loss"] if steps else None,
+        "median_step_time_s": statistics.median(times) if times else None,
+        "tokens_per_s": tokens / sum(times) if times else None,
+        "peak_mem_mb": max((r["peak_mem_mb"] for r in steps), default=None),
+        "wall_time_s": wall_time_s, "diverged": False,
+        "events": sorted({r["event"] for r in rows if "event" in r}),
+    }
+
+
+def _save(run_dir, step, model, optimizer, lr_scheduler, method, wall_time_s) -> None:
+    state = {
+        "step": step, "wall_time_s": wall_time_s, "optimizer": optimizer.state_dict(),
+        "lr_scheduler": lr_scheduler.state_dict(), "method": method.state_dict(),
+        "rng": {"torch": torch.get_rng_state(),
+                "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []},
+    }
+    save_checkpoint(run_dir, step, get_peft_model_state_dict(model), state, keep=KEEP_CHECKPOINTS)
+
+
+def _restore(path: Path, model, optimizer, lr_scheduler, method) -> tuple[int, float]:
+    adapter, state = load_checkpoint(path)
+    set_peft_model_state_dict(model, adapter)
+    optimizer.load_state_dict(state["optimizer"])
+    lr_scheduler.load_state_dict(state["lr_scheduler"])
+    method.load_state_dict(state["method"])
+    torch.set_rng_state(state["rng"]["torch"])
+    if state["rng"]["cuda"]:
+        torch.cuda.set_rng_state_all(state["rng"]["cuda"])
+    return int(state["step"]), float(state["wall_time_s"])
+
+
+def _save_adapter(model, target: Path) -> None:
+    """PEFT format (adapter_config.json + adapter_model.safetensors), replaced atomically."""
+    tmp = target.with_name(f".{target.name}.tmp")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    model.save_pretrained(tmp)
+    old = target.with_name(f".{target.name}.old")
+    if target.exists():
+        target.rename(old)
+    tmp.rename(target)
+    if old.exists():
+        shutil.rmtree(old)
+
+
+def _json_line(row: dict) -> str:
+    return json.dumps(row) + "\n"

@@ -1,0 +1,195 @@
+"""Model + tokenizer (a local HF checkpoint or a built-in preset), quantization and LoRA via peft."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import yaml
+from torch import nn
+
+from .errors import BadInput
+from .recipe import Recipe
+
+PACKAGE_ROOT = Path(__file__).resolve().parent.parent
+PRESET_DIR = PACKAGE_ROOT / "configs" / "models"
+TOKENIZER_DIR = PACKAGE_ROOT / "configs" / "tokenizers"
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+@dataclass
+class LoadedModel:
+    model: nn.Module  # the PeftModel
+    tokenizer: object
+    layers: nn.ModuleList  # the decoder layers, in order
+    base_dir: Path  # the checkpoint the base weights came from
+
+
+def preset_names() -> list[str]:
+    return sorted(p.stem for p in PRESET_DIR.glob("*.yaml"))
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("LCSB_CACHE", Path.home() / ".cache" / "lcsb"))
+
+
+def resolve_base_dir(name: str) -> Path:
+    """A local checkpoint dir as given, or a preset materialised once into the cache."""
+    if name in preset_names():
+        return materialize_preset(name)
+    path = Path(name).expanduser()
+    if not path.exists():
+        raise BadInput(
+            f"model.name: {name!r} is neither a built-in preset ({', '.join(preset_names())}) "
+            "nor an existing checkpoint directory"
+        )
+    if not (path / "config.json").is_file():
+        raise BadInput(f"model.name: {path} has no config.json; point it at a dir written by save_pretrained")
+    return path
+
+
+def materialize_preset(name: str) -> Path:
+    """Write the preset's deterministic random-init weights and tokenizer as an HF checkpoint (cached)."""
+    spec_text = (PRESET_DIR / f"{name}.yaml").read_text()
+    spec = yaml.safe_load(spec_text)
+    tokenizer_dir = TOKENIZER_DIR / spec["tokenizer"]
+    digest = hashlib.sha256((spec_text + (tokenizer_dir / "tokenizer.json").read_text()).encode()).hexdigest()
+    target = cache_root() / "presets" / f"{name}-{digest[:12]}"
+    if (target / "config.json").is_file():
+        return target
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    target.parent.mkdir(parents=True, exist_ok=True)
+    config = AutoConfig.for_model(spec["architecture"], **spec["config"])
+    with _seeded(spec.get("seed", 0)):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{name}-"))
+    model.save_pretrained(tmp)
+    AutoTokenizer.from_pretrained(tokenizer_dir).save_pretrained(tmp)
+    try:
+        os.rename(tmp, target)
+    except OSError:  # another process finished first
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+@contextlib.contextmanager
+def _seeded(seed: int):
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        yield
+
+
+def check_causal_lm(path: Path, trust_remote_code: bool):
+    from transformers import AutoConfig
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    try:
+        config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError, json.JSONDecodeError) as exc:
+        raise BadInput(f"model.name: cannot read the model config in {path}: {exc}".splitlines()[0]) from exc
+    if config.model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and not trust_remote_code:
+        raise BadInput(f"model.name: {path} holds a {config.model_type!r} model, not a causal language model")
+    return config
+
+
+def quantization_config(kind: str, compute_dtype: torch.dtype):
+    if kind == "none":
+        return None
+    from transformers import BitsAndBytesConfig
+
+    if kind == "int8":
+        return BitsAndBytesConfig(load_in_8bit=True)
+    return BitsAndBytesConfig(
+        load_in_4bit=True, bnb_4bit_quant_type=kind, bnb_4bit_compute_dtype=compute_dtype,
+        bnb_4bit_use_double_quant=True,
+    )
+
+
+def load_model(recipe: Recipe, device: torch.device) -> LoadedModel:
+    """Base model (quantized if asked) with LoRA adapters on `recipe.lora.targets`; only LoRA trains."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    base_dir = resolve_base_dir(recipe.model.name)
+    config = check_causal_lm(base_dir, recipe.model.trust_remote_code)
+    dtype = DTYPES[recipe.model.dtype]
+    model = AutoModelForCausalLM.from_pretrained(
+        base_dir, dtype=dtype, quantization_config=quantization_config(recipe.quantization, dtype),
+        trust_remote_code=recipe.model.trust_remote_code,
+        device_map={"": device} if recipe.quantization != "none" else None,
+    )
+    if recipe.quantization == "none":
+        model.to(device)
+    model.config.use_cache = False
+    _check_targets(model, recipe.lora.targets)
+    lora = LoraConfig(
+        r=recipe.lora.rank, lora_alpha=recipe.lora.alpha, lora_dropout=recipe.lora.dropout,
+        target_modules=list(recipe.lora.targets), task_type="CAUSAL_LM",
+    )
+    with _seeded(recipe.train.seed):
+        peft_model = get_peft_model(model, lora)
+    return LoadedModel(peft_model, load_tokenizer(base_dir), decoder_layers(peft_model, config), base_dir)
+
+
+def load_tokenizer(path: Path):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def decoder_layers(model: nn.Module, config) -> nn.ModuleList:
+    """The ModuleList of decoder layers: the one named `...layers` holding num_hidden_layers modules."""
+    count = getattr(config, "num_hidden_layers", None)
+    for name, module in model.named_modules():
+        if isinstance(module, nn.ModuleList) and name.endswith("layers") and len(module) == count:
+            return module
+    raise BadInput("model.name: could not find the decoder layers (a ModuleList of num_hidden_layers blocks)")
+
+
+def _check_targets(model: nn.Module, targets: list[str]) -> None:
+    leaf_names = {name.rsplit(".", 1)[-1] for name, m in model.named_modules() if _is_linear(m)}
+    missing = [t for t in targets if t not in leaf_names]
+    if missing:
+        raise BadInput(
+            f"lora.targets: {', '.join(missing)} not found in this model; its linear layers are "
+            f"{', '.join(sorted(leaf_names))}"
+        )
+
+
+def _is_linear(module: nn.Module) -> bool:
+    return isinstance(module, nn.Linear) or type(module).__name__ in ("Linear4bit", "Linear8bitLt")
+
+
+def lora_parameters(model: nn.Module) -> list[nn.Parameter]:
+    return [p for p in model.parameters() if p.requires_grad]
+
+
+@contextlib.contextmanager
+def inference_mode(model: nn.Module):
+    """model.eval() + no_grad, except bitsandbytes 4-bit layers stay in training mode.
+
+    On CPUs with AVX512-BF16, an eval-mode no-grad forward makes bitsandbytes repack 4-bit weights for its
+    inference kernel; after that, training fails or silently loses gradients. Keeping those layers'
+    `training` flag set avoids the repack; they have no other train/eval behaviour.
+    """
+    was_training = model.training
+    model.eval()
+    for module in model.modules():
+        if type(module).__name__ == "Linear4bit":
+            module.training = True
+    try:
+        with torch.no_grad():
+            yield
+    finally:
+        model.train(was_training)

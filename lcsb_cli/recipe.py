@@ -1,0 +1,245 @@
+"""Recipes: YAML -> typed dataclasses, dotted KEY=VALUE overrides, validation with clear errors."""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from .errors import BadInput
+
+LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+@dataclass
+class ModelConfig:
+    name: str = "tiny-qwen2"  # a built-in preset (configs/models/NAME.yaml) or a local HF checkpoint dir
+    dtype: str = "float32"  # storage of the frozen weights
+    trust_remote_code: bool = False
+
+
+@dataclass
+class LoraConfig:
+    rank: int = 16
+    alpha: float = 32.0
+    dropout: float = 0.0
+    targets: list[str] = field(default_factory=lambda: list(LORA_TARGETS))
+
+
+@dataclass
+class LcsbConfig:
+    blocks: int = 4
+    schedule: str = "cyclic"
+    upper_path: str = "identity"
+    idle_update: str = "momentum"
+
+
+@dataclass
+class DataConfig:
+    format: str = "lamp2"
+    train: str | None = None
+    train_labels: str | None = None
+    eval: str | None = None
+    eval_labels: str | None = None
+    max_length: int = 256
+
+
+@dataclass
+class TrainConfig:
+    max_steps: int = 200
+    batch_size: int = 4
+    grad_accum: int = 1
+    lr: float = 1e-4
+    weight_decay: float = 0.01
+    warmup_steps: int = 10
+    lr_scheduler: str = "cosine"
+    max_grad_norm: float = 1.0  # 0 disables clipping
+    seed: int = 0
+    log_every: int = 1
+    save_every: int = 50  # 0: only at the end
+    autocast: str = "none"
+    threads: int = 0  # torch intra-op threads; 0 keeps torch's default
+
+
+@dataclass
+class Recipe:
+    name: str = "run"
+    model: ModelConfig = field(default_factory=ModelConfig)
+    quantization: str = "none"
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    method: str = "lcsb"
+    lcsb: LcsbConfig = field(default_factory=LcsbConfig)
+    activation_checkpointing: bool = False
+    backend: str = "cpu"
+    data: DataConfig = field(default_factory=DataConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    output_dir: str | None = None  # default: runs/NAME
+
+
+CHOICES = {
+    "model.dtype": ("float32", "bfloat16"),
+    "quantization": ("none", "int8", "nf4", "fp4"),
+    "method": ("lcsb", "full-backprop"),
+    "lcsb.schedule": ("cyclic", "reverse", "random"),
+    "lcsb.upper_path": ("identity", "exact"),
+    "lcsb.idle_update": ("momentum", "none"),
+    "backend": ("cpu", "cuda", "npu-sim"),
+    "data.format": ("lamp2",),
+    "train.lr_scheduler": ("cosine", "linear", "constant"),
+    "train.autocast": ("none", "bf16"),
+}
+MINIMUMS = {
+    "lora.rank": 1, "lcsb.blocks": 1, "data.max_length": 16, "train.max_steps": 1, "train.batch_size": 1,
+    "train.grad_accum": 1, "train.warmup_steps": 0, "train.log_every": 1, "train.save_every": 0,
+    "train.threads": 0, "lora.dropout": 0.0, "train.weight_decay": 0.0, "train.max_grad_norm": 0.0,
+}
+PATH_KEYS = ("data.train", "data.train_labels", "data.eval", "data.eval_labels")
+
+
+def load_recipe(path: str | Path, overrides: typing.Sequence[str] = ()) -> Recipe:
+    """Read a recipe file, apply KEY=VALUE overrides and validate everything but model-dependent ranges.
+
+    Paths written in the file are relative to the file; paths given as overrides are relative to the cwd.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise BadInput(f"{path}: recipe file not found (see `lcsb recipes` for the shipped ones)")
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise BadInput(f"{path}: not valid YAML{where}: {getattr(exc, 'problem', exc)}") from exc
+    if not isinstance(raw, dict):
+        raise BadInput(f"{path}: a recipe is a YAML mapping of keys (name, model, method, ...)")
+    _resolve_paths(raw, path.parent)
+    for item in overrides:
+        _apply_override(raw, item)
+    recipe = _build(Recipe, raw, "", source=str(path))
+    recipe.output_dir = recipe.output_dir or f"runs/{recipe.name}"
+    validate(recipe)
+    return recipe
+
+
+def recipe_from_dict(raw: dict, source: str = "config.yaml") -> Recipe:
+    recipe = _build(Recipe, raw, "", source=source)
+    validate(recipe)
+    return recipe
+
+
+def to_dict(recipe: Recipe) -> dict:
+    return dataclasses.asdict(recipe)
+
+
+def dump(recipe: Recipe) -> str:
+    return yaml.safe_dump(to_dict(recipe), sort_keys=False)
+
+
+def validate(recipe: Recipe) -> None:
+    for key, allowed in CHOICES.items():
+        value = get_key(recipe, key)
+        if value not in allowed:
+            raise BadInput(f"{key}: {value!r} is not one of {', '.join(allowed)}")
+    for key, minimum in MINIMUMS.items():
+        value = get_key(recipe, key)
+        if value < minimum:
+            raise BadInput(f"{key}: {value} is below the minimum {minimum}")
+    if recipe.train.lr <= 0:
+        raise BadInput(f"train.lr: {recipe.train.lr} must be positive")
+    if recipe.backend == "npu-sim":
+        raise BadInput("backend: npu-sim is not available yet in this version; use cpu or cuda")
+    if not recipe.lora.targets:
+        raise BadInput("lora.targets: name at least one module, e.g. [q_proj, v_proj]")
+    if recipe.data.train is None:
+        raise BadInput("data.train: no training file given (a LaMP-2 *_questions.json)")
+
+
+def get_key(recipe: Recipe, dotted: str):
+    value = recipe
+    for part in dotted.split("."):
+        value = getattr(value, part)
+    return value
+
+
+def _resolve_paths(raw: dict, base: Path) -> None:
+    for key in PATH_KEYS:
+        section, name = key.split(".")
+        value = (raw.get(section) or {}).get(name) if isinstance(raw.get(section), dict) else None
+        if isinstance(value, str):
+            raw[section][name] = str((base / value).resolve())
+    model = raw.get("model")
+    if isinstance(model, dict) and isinstance(model.get("name"), str) and "/" in model["name"]:
+        model["name"] = str((base / Path(model["name"]).expanduser()).resolve())
+
+
+def _apply_override(raw: dict, item: str) -> None:
+    key, sep, text = item.partition("=")
+    if not sep or not key:
+        raise BadInput(f"override {item!r}: write KEY=VALUE, e.g. train.max_steps=20")
+    try:
+        value = yaml.safe_load(text) if text else None
+    except yaml.YAMLError:
+        value = text
+    if key in PATH_KEYS or (key == "model.name" and isinstance(value, str) and "/" in value):
+        value = str(Path(str(value)).expanduser().resolve())
+    *parents, leaf = key.split(".")
+    node = raw
+    for part in parents:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise BadInput(f"override {item!r}: {part} is not a section")
+        node = child
+    node[leaf] = value
+
+
+def _build(cls, raw, prefix: str, source: str):
+    if not isinstance(raw, dict):
+        raise BadInput(f"{source}: {prefix.rstrip('.') or 'recipe'} must be a mapping of keys")
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    values = {}
+    for key, value in raw.items():
+        if key not in names:
+            close = difflib.get_close_matches(str(key), names, n=1)
+            hint = f"; did you mean {prefix}{close[0]}?" if close else f"; known keys: {', '.join(names)}"
+            raise BadInput(f"{source}: unknown key {prefix}{key}{hint}")
+        values[key] = _coerce(hints[key], value, f"{prefix}{key}", source)
+    return cls(**values)
+
+
+def _coerce(hint, value, key: str, source: str):
+    if dataclasses.is_dataclass(hint):
+        return _build(hint, value if value is not None else {}, key + ".", source)
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        hint = next(a for a in args if a is not type(None))
+        origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin is list:
+        if isinstance(value, str):
+            value = [v.strip() for v in value.split(",") if v.strip()]
+        if not isinstance(value, list) or not all(isinstance(v, args[0]) for v in value):
+            raise BadInput(f"{source}: {key} must be a list of {args[0].__name__}, got {value!r}")
+        return value
+    if hint is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if hint is float and isinstance(value, str):
+        try:
+            return float(value)  # YAML 1.1 reads 1e-4 as a string
+        except ValueError:
+            pass
+    if hint is str and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return str(value)
+    if not isinstance(value, hint) or (hint is int and isinstance(value, bool)):
+        raise BadInput(f"{source}: {key} must be {_type_name(hint)}, got {value!r}")
+    return value
+
+
+def _type_name(hint) -> str:
+    return {int: "an integer", float: "a number", str: "a string", bool: "true or false"}.get(hint, str(hint))

@@ -1,0 +1,73 @@
+"""What a person sees: the rich progress display and summary tables (the loop only emits rows)."""
+
+from __future__ import annotations
+
+from collections import deque
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.table import Table
+
+SPARKS = "▁▂▃▄▅▆▇█"
+
+
+def sparkline(values) -> str:
+    values = list(values)
+    if not values:
+        return ""
+    low, high = min(values), max(values)
+    span = (high - low) or 1.0
+    return "".join(SPARKS[min(int((v - low) / span * len(SPARKS)), len(SPARKS) - 1)] for v in values)
+
+
+class RichReporter:
+    """A live progress bar on a terminal (loss trend, tok/s, memory, active block); plain lines elsewhere."""
+
+    def __init__(self, console: Console | None = None):
+        self.console = console or Console(stderr=True)
+        self.losses: deque[float] = deque(maxlen=24)
+        self.progress: Progress | None = None
+        self.task = None
+
+    def on_start(self, info: dict) -> None:
+        recipe = info["recipe"]
+        blocks = recipe.lcsb.blocks if recipe.method == "lcsb" else 1
+        self.console.print(
+            f"[bold]{recipe.name}[/]: {recipe.method} (K={blocks}) on {recipe.model.name}, "
+            f"{info['layers']} layers, {info['params']:,} LoRA params, backend {recipe.backend} -> {info['run_dir']}"
+            + (f" [yellow](resumed at step {info['first_step']})[/]" if info["first_step"] else "")
+        )
+        if self.console.is_terminal:
+            self.progress = Progress(
+                TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[status]}"),
+                TimeRemainingColumn(), console=self.console,
+            )
+            self.progress.start()
+            self.task = self.progress.add_task(
+                "train", total=recipe.train.max_steps, completed=info["first_step"], status=""
+            )
+
+    def on_step(self, row: dict) -> None:
+        if "loss" in row:
+            self.losses.append(row["loss"])
+        block = "all" if row.get("active_block") is None else row["active_block"]
+        status = (
+            f"loss {row['loss']:.4f} {sparkline(self.losses)}  {row['tokens_per_s']:.0f} tok/s  "
+            f"{row['peak_mem_mb']:.0f} MB  block {block}" + (f"  [red]{row['event']}[/]" if "event" in row else "")
+        )
+        if self.progress is not None:
+            self.progress.update(self.task, completed=row["step"], status=status)
+        else:
+            self.console.print(f"step {row['step']}: {status}", highlight=False)
+
+    def on_end(self, summary: dict) -> None:
+        if self.progress is not None:
+            self.progress.stop()
+        self.console.print(key_value_table("summary", summary))
+
+
+def key_value_table(title: str, data: dict) -> Table:
+    table = Table(title=title, show_header=False)
+    for key, value in data.items():
+        table.add_row(key, f"{value:.4g}" if isinstance(value, float) else str(value))
+    return table

@@ -1,0 +1,77 @@
+"""The run directory: who owns it, what a resume may change, and the metrics log."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import yaml
+
+from .checkpoint import checkpoint_dirs, write_text_atomic
+from .errors import BadInput
+from .recipe import Recipe, dump, to_dict
+
+RUN_FILES = ("config.yaml", "metrics.jsonl", "summary.json", "adapter", "checkpoints")
+# Keys a resumed run may change: they alter how long it runs or how it reports, never the math of a step.
+RESUMABLE_CHANGES = {"train.max_steps", "train.log_every", "train.save_every", "train.threads", "output_dir"}
+
+
+def holds_run(run_dir: Path) -> bool:
+    return any((run_dir / name).exists() for name in RUN_FILES)
+
+
+def check_fresh(run_dir: Path, force: bool) -> None:
+    """A new run may not take over a dir holding another run unless `force`."""
+    if holds_run(run_dir) and not force:
+        raise BadInput(f"{run_dir} already holds a run; pass --resume to continue it or --force to replace it")
+
+
+def prepare_fresh(run_dir: Path, recipe: Recipe) -> None:
+    """Clear an old run's files (checked by check_fresh) and write the resolved recipe."""
+    for name in RUN_FILES:
+        path = run_dir / name
+        if path.is_dir():
+            shutil.rmtree(path)
+        elif path.exists():
+            path.unlink()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(run_dir / "config.yaml", dump(recipe))
+
+
+def check_resume(run_dir: Path, recipe: Recipe) -> Path:
+    """The newest checkpoint to resume from, after checking the recipe matches the saved one."""
+    if not checkpoint_dirs(run_dir):
+        raise BadInput(f"{run_dir}: no checkpoint to resume from (start a fresh run without --resume)")
+    saved = yaml.safe_load((run_dir / "config.yaml").read_text()) if (run_dir / "config.yaml").is_file() else {}
+    for key in _differing_keys(saved, to_dict(recipe)):
+        if key not in RESUMABLE_CHANGES:
+            raise BadInput(f"--resume: {key} differs from the run's config.yaml; only "
+                           f"{', '.join(sorted(RESUMABLE_CHANGES))} may change on resume")
+    write_text_atomic(run_dir / "config.yaml", dump(recipe))
+    return checkpoint_dirs(run_dir)[0]
+
+
+def truncate_metrics(path: Path, last_step: int) -> list[dict]:
+    """Keep the complete rows up to `last_step` (a killed run may have logged past its last checkpoint)."""
+    rows = [row for row in read_metrics(path) if row.get("step", 0) <= last_step]
+    write_text_atomic(path, "".join(json.dumps(row) + "\n" for row in rows))
+    return rows
+
+
+def read_metrics(path: Path) -> list[dict]:
+    rows = []
+    if path.is_file():
+        for line in path.read_text().splitlines():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:  # a line cut short by a kill
+                continue
+    return rows
+
+
+def _differing_keys(a, b, prefix: str = "") -> list[str]:
+    if isinstance(a, dict) and isinstance(b, dict):
+        keys = sorted(set(a) | set(b))
+        return [k for key in keys for k in _differing_keys(a.get(key), b.get(key), f"{prefix}{key}.")]
+    return [] if a == b else [prefix.rstrip(".")]

@@ -1,0 +1,40 @@
+"""The idle-block update rule around one torch AdamW built over every LoRA parameter."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+IDLE_UPDATES = ("momentum", "none")
+
+
+class IdleMomentum:
+    """Lets idle blocks keep moving on their stored AdamW moments (the paper's momentum reuse).
+
+    `before_step(active)` gives each parameter of an idle block that already has AdamW state a zero gradient,
+    so the optimizer's own step applies, for such a parameter p with moments (m, v) and step count s:
+
+        s <- s + 1
+        m <- beta1 * m                       # first moment decays; no new gradient arrives
+        v <- beta2 * v
+        p <- p * (1 - lr * weight_decay) - lr * (m / (1 - beta1**s)) / (sqrt(v / (1 - beta2**s)) + eps)
+
+    i.e. exactly torch.optim.AdamW's update for a zero gradient (decoupled weight decay, bias correction
+    with the parameter's own step count). Parameters never active yet have no moments and are not touched;
+    with `idle_update: none` idle blocks keep grad None, which AdamW skips entirely.
+    """
+
+    def __init__(self, optimizer: torch.optim.Optimizer, block_params: Sequence[Sequence[nn.Parameter]]):
+        self.optimizer = optimizer
+        self.block_params = [list(params) for params in block_params]
+
+    def before_step(self, active: int) -> None:
+        state = self.optimizer.state
+        for block, params in enumerate(self.block_params):
+            if block == active:
+                continue
+            for p in params:
+                if p.grad is None and p in state:
+                    p.grad = torch.zeros_like(p)
