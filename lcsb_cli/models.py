@@ -171,6 +171,11 @@ def _is_linear(module: nn.Module) -> bool:
     return isinstance(module, nn.Linear) or type(module).__name__ in ("Linear4bit", "Linear8bitLt")
 
 
+def _is_bnb_4bit(module: nn.Module) -> bool:
+    """bitsandbytes' own Linear4bit (peft's LoRA wrapper of it shares the class name)."""
+    return type(module).__name__ == "Linear4bit" and type(module).__module__.startswith("bitsandbytes")
+
+
 def lora_parameters(model: nn.Module) -> list[nn.Parameter]:
     return [p for p in model.parameters() if p.requires_grad]
 
@@ -186,7 +191,7 @@ def inference_mode(model: nn.Module):
     was_training = model.training
     model.eval()
     for module in model.modules():
-        if type(module).__name__ == "Linear4bit":
+        if _is_bnb_4bit(module):
             module.training = True
     try:
         with torch.no_grad():

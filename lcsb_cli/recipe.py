@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import types
 import typing
 from dataclasses import dataclass, field
@@ -185,8 +186,9 @@ def _apply_override(raw: dict, item: str) -> None:
         value = yaml.safe_load(text) if text else None
     except yaml.YAMLError:
         value = text
-    if key in PATH_KEYS or (key == "model.name" and isinstance(value, str) and "/" in value):
-        value = str(Path(str(value)).expanduser().resolve())
+    if (key in PATH_KEYS and value is not None) or (key == "model.name" and isinstance(value, str) and "/" in value):
+        # the text as typed unless YAML read a string (a file named 2024 stays "2024"); `data.eval=null` clears
+        value = str(Path(value if isinstance(value, str) else text).expanduser().resolve())
     *parents, leaf = key.split(".")
     node = raw
     for part in parents:
@@ -231,9 +233,11 @@ def _coerce(hint, value, key: str, source: str):
         return float(value)
     if hint is float and isinstance(value, str):
         try:
-            return float(value)  # YAML 1.1 reads 1e-4 as a string
+            value = float(value)  # YAML 1.1 reads 1e-4 as a string
         except ValueError:
             pass
+    if hint is float and isinstance(value, float) and not math.isfinite(value):
+        raise BadInput(f"{source}: {key} must be a finite number, got {value!r}")
     if hint is str and isinstance(value, (int, float)) and not isinstance(value, bool):
         return str(value)
     if not isinstance(value, hint) or (hint is int and isinstance(value, bool)):

@@ -1,0 +1,39 @@
+"""Shared helpers for tests that train real (tiny) models."""
+
+from pathlib import Path
+
+from safetensors.torch import load_file
+
+from lcsb_cli.engine import train
+from lcsb_cli.recipe import load_recipe
+
+REPO = Path(__file__).resolve().parent.parent
+LAMP2 = REPO / "recipes" / "lamp2.yaml"
+
+
+class Quiet:
+    def on_start(self, info):
+        pass
+
+    def on_step(self, row):
+        pass
+
+    def on_end(self, summary):
+        pass
+
+
+def run_train(run_dir: Path, *overrides: str, resume: bool = False, force: bool = False) -> dict:
+    recipe = load_recipe(LAMP2, ["train.log_every=1", *overrides])
+    return train(recipe, run_dir, Quiet(), resume=resume, force=force)
+
+
+def adapter_tensors(run_dir: Path) -> dict:
+    return load_file(run_dir / "adapter" / "adapter_model.safetensors")
+
+
+def assert_same_tensors(a: dict, b: dict) -> None:
+    import torch
+
+    assert a.keys() == b.keys()
+    for key in a:
+        assert torch.equal(a[key], b[key]), key

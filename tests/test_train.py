@@ -1,0 +1,91 @@
+"""End-to-end training on tiny presets: run directory contract, K=1 == full backprop, exact resume."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+import yaml
+
+from helpers import LAMP2, REPO, adapter_tensors, assert_same_tensors, run_train
+from lcsb_cli.rundir import read_metrics
+
+METRIC_FIELDS = {"step", "loss", "lr", "grad_norm", "tokens", "tokens_per_s", "step_time_s", "peak_mem_mb",
+                 "active_block", "method"}
+SUMMARY_FIELDS = {"method", "blocks", "steps", "final_loss", "median_step_time_s", "tokens_per_s", "peak_mem_mb",
+                  "wall_time_s", "diverged", "events"}
+
+
+def test_train_writes_the_run_directory(tmp_path):
+    run_dir = tmp_path / "run"
+    run_train(run_dir, "train.max_steps=6", "train.save_every=4")
+    rows = read_metrics(run_dir / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [1, 2, 3, 4, 5, 6]
+    assert all(METRIC_FIELDS <= set(r) for r in rows)
+    assert [r["active_block"] for r in rows] == [0, 1, 2, 3, 0, 1]
+    assert all(r["method"] == "lcsb" and r["tokens"] > 0 and r["peak_mem_mb"] > 0 for r in rows)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert SUMMARY_FIELDS <= set(summary) and summary["steps"] == 6 and summary["blocks"] == 4
+    config = yaml.safe_load((run_dir / "config.yaml").read_text())
+    assert config["train"]["max_steps"] == 6 and config["lcsb"]["blocks"] == 4
+    assert (run_dir / "adapter" / "adapter_config.json").is_file()
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step-4", "step-6"]
+
+
+def test_k1_reproduces_full_backprop_bit_for_bit(tmp_path):
+    lcsb = run_train(tmp_path / "k1", "train.max_steps=4", "lcsb.blocks=1")
+    full = run_train(tmp_path / "full", "train.max_steps=4", "method=full-backprop")
+    losses = [[r["loss"] for r in read_metrics(tmp_path / name / "metrics.jsonl")] for name in ("k1", "full")]
+    assert losses[0] == losses[1]
+    assert lcsb["final_loss"] == full["final_loss"]
+    assert_same_tensors(adapter_tensors(tmp_path / "k1"), adapter_tensors(tmp_path / "full"))
+
+
+def test_lcsb_differs_from_full_backprop(tmp_path):
+    run_train(tmp_path / "k4", "train.max_steps=3")
+    run_train(tmp_path / "full", "train.max_steps=3", "method=full-backprop")
+    a, b = adapter_tensors(tmp_path / "k4"), adapter_tensors(tmp_path / "full")
+    assert any(not torch.equal(a[k], b[k]) for k in a)
+
+
+def _start(run_dir, *extra):
+    cmd = [sys.executable, "-m", "lcsb_cli", "train", str(LAMP2), "--output", str(run_dir),
+           "train.max_steps=10", "train.save_every=3", *extra]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+
+@pytest.mark.parametrize("schedule", ["cyclic", "random"])
+def test_sigkill_then_resume_is_bit_identical(tmp_path, schedule):
+    reference = tmp_path / "reference"
+    run_train(reference, "train.max_steps=10", "train.save_every=3", f"lcsb.schedule={schedule}",
+              "lora.dropout=0.1")
+
+    killed = tmp_path / "killed"
+    proc = _start(killed, f"lcsb.schedule={schedule}", "lora.dropout=0.1")
+    deadline = time.time() + 120
+    while time.time() < deadline and proc.poll() is None:
+        rows = read_metrics(killed / "metrics.jsonl")
+        if rows and rows[-1]["step"] >= 5:
+            break
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL, proc.stderr.read()
+    assert not (killed / "adapter").exists()
+
+    resumed = subprocess.run(
+        [sys.executable, "-m", "lcsb_cli", "train", str(LAMP2), "--output", str(killed), "--resume",
+         "train.max_steps=10", "train.save_every=3", f"lcsb.schedule={schedule}", "lora.dropout=0.1"],
+        cwd=REPO, capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
+    assert resumed.returncode == 0, resumed.stderr
+    assert_same_tensors(adapter_tensors(killed), adapter_tensors(reference))
+    rows, ref_rows = read_metrics(killed / "metrics.jsonl"), read_metrics(reference / "metrics.jsonl")
+    assert [r["step"] for r in rows] == list(range(1, 11))
+    assert [r["loss"] for r in rows] == [r["loss"] for r in ref_rows]
+    assert [r["active_block"] for r in rows] == [r["active_block"] for r in ref_rows]
