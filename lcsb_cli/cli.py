@@ -10,6 +10,7 @@ from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from .errors import LcsbError
 from .recipe import dump, load_recipe
@@ -49,8 +50,8 @@ def handled(fn):
 def _fail(message, code: int):
     if STATE["debug"]:
         traceback.print_exc()
-    err.print(f"[red]error:[/] {str(message).splitlines()[0] if str(message) else type(message).__name__}",
-              highlight=False, soft_wrap=True)
+    text = str(message).splitlines()[0] if str(message) else type(message).__name__
+    err.print(f"[red]error:[/] {escape(text)}", highlight=False, soft_wrap=True)
     raise typer.Exit(code)
 
 
@@ -83,7 +84,7 @@ def train(
 @handled
 def validate(recipe: RecipeArg, overrides: Overrides = None) -> None:
     """Check a recipe (and overrides) and print it resolved, every default filled in."""
-    out.print(dump(load_recipe(recipe_path(recipe), overrides or [])), highlight=False, end="")
+    out.print(dump(load_recipe(recipe_path(recipe), overrides or [])), markup=False, highlight=False, end="")
 
 
 @app.command()

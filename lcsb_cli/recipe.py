@@ -150,6 +150,8 @@ def validate(recipe: Recipe) -> None:
         value = get_key(recipe, key)
         if value < minimum:
             raise BadInput(f"{key}: {value} is below the minimum {minimum}")
+    if recipe.lora.dropout >= 1:
+        raise BadInput(f"lora.dropout: {recipe.lora.dropout} must be below 1")
     if recipe.train.lr <= 0:
         raise BadInput(f"train.lr: {recipe.train.lr} must be positive")
     if recipe.backend == "npu-sim":
