@@ -72,7 +72,7 @@ def test_identity_path_grads_only_the_active_block_and_top_block_is_exact():
         loaded.model.zero_grad(set_to_none=True)
 
 
-@pytest.mark.parametrize("quant", ["nf4", "int8"])
+@pytest.mark.parametrize("quant", ["nf4", "fp4", "int8"])
 def test_quantized_runs_train(tmp_path, quant):
     run_train(tmp_path / quant, f"quantization={quant}", "train.max_steps=4", "lcsb.blocks=2")
     rows = read_metrics(tmp_path / quant / "metrics.jsonl")
@@ -109,31 +109,37 @@ def test_plain_eval_forward_would_repack_4bit_weights():
     assert getattr(_linear4bit(loaded.model).weight.quant_state, "packing_format_for_cpu", False)
 
 
-@pytest.fixture(scope="module")
-def llama_dir(tmp_path_factory):
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+ARCHITECTURES = ["llama", "qwen3", "mistral", "gemma"]
+
+
+def save_checkpoint_dir(path, model_type: str):
+    """A tiny random model of `model_type` saved the way users save theirs (save_pretrained + tokenizer)."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     from lcsb_cli.models import TOKENIZER_DIR
 
-    path = tmp_path_factory.mktemp("llama")
-    config = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
-                         num_key_value_heads=2, vocab_size=2048, max_position_embeddings=512)
+    config = AutoConfig.for_model(
+        model_type, hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, vocab_size=2048, max_position_embeddings=512,
+    )
     torch.manual_seed(0)
-    LlamaForCausalLM(config).save_pretrained(path)
+    AutoModelForCausalLM.from_config(config).save_pretrained(path)
     AutoTokenizer.from_pretrained(TOKENIZER_DIR / "lcsb-bpe").save_pretrained(path)
     return path
 
 
-def test_local_llama_checkpoint_trains_and_adapter_loads_in_plain_peft(tmp_path, llama_dir):
+@pytest.mark.parametrize("model_type", ARCHITECTURES)
+def test_local_checkpoint_trains_and_adapter_loads_in_plain_peft(tmp_path, model_type):
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    run_dir = tmp_path / "llama-run"
-    run_train(run_dir, f"model.name={llama_dir}", "train.max_steps=4", "lcsb.blocks=2")
+    base_dir = save_checkpoint_dir(tmp_path / model_type, model_type)
+    run_dir = tmp_path / "run"
+    run_train(run_dir, f"model.name={base_dir}", "train.max_steps=4", "lcsb.blocks=2")
     rows = read_metrics(run_dir / "metrics.jsonl")
     assert [r["active_block"] for r in rows] == [0, 1, 0, 1]
     ids = torch.tensor([[5, 17, 42, 99, 7]])
-    base = AutoModelForCausalLM.from_pretrained(llama_dir)
+    base = AutoModelForCausalLM.from_pretrained(base_dir)
     with torch.no_grad():
         before = base(ids).logits.clone()
         tuned = PeftModel.from_pretrained(base, run_dir / "adapter")

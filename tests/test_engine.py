@@ -1,0 +1,80 @@
+"""The training step: per-token loss across accumulation, non-finite guard, checkpointing equivalence."""
+
+import math
+
+import pytest
+import torch
+
+from helpers import LAMP2, adapter_tensors, assert_same_tensors, run_train
+from lcsb_cli.backends import CpuBackend
+from lcsb_cli.data import build_train_batches
+from lcsb_cli.engine import Trainer, causal_lm_loss
+from lcsb_cli.methods import build_method
+from lcsb_cli.models import load_model, lora_parameters
+from lcsb_cli.recipe import load_recipe
+from lcsb_cli.rundir import read_metrics
+
+
+def make_trainer(*overrides, loss_fn=causal_lm_loss):
+    recipe = load_recipe(LAMP2, ["method=full-backprop", *overrides])
+    loaded = load_model(recipe, torch.device("cpu"))
+    params = lora_parameters(loaded.model)
+    optimizer = torch.optim.AdamW(params, lr=1e-2)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
+    method = build_method(recipe, loaded.model, loaded.layers, optimizer)
+    batches = build_train_batches(recipe, loaded.tokenizer)
+    loaded.model.train()
+    return Trainer(loaded.model, params, optimizer, scheduler, method, batches, CpuBackend(),
+                   recipe.train.grad_accum, recipe.train.max_grad_norm, "none", loss_fn), loaded
+
+
+def test_loss_is_normalised_per_target_token_across_accumulation():
+    whole, _ = make_trainer("train.batch_size=4", "train.grad_accum=1")
+    split, _ = make_trainer("train.batch_size=2", "train.grad_accum=2")
+    a, b = whole.step(0), split.step(0)
+    assert a["tokens"] == b["tokens"]
+    assert math.isclose(a["loss"], b["loss"], rel_tol=1e-5)
+    assert math.isclose(a["grad_norm"], b["grad_norm"], rel_tol=1e-4)
+    for p, q in zip(whole.params, split.params):
+        torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-6)
+
+
+def test_a_nonfinite_loss_never_reaches_the_weights():
+    def poisoned(model, batch):
+        return causal_lm_loss(model, batch) * float("nan")
+
+    trainer, loaded = make_trainer(loss_fn=poisoned)
+    trainer.step(0)  # AdamW has state after a clean step, so a NaN step would visibly move the weights
+    before = [p.detach().clone() for p in trainer.params]
+    row = trainer.step(1)
+    assert row["event"] == "nonfinite_skipped"
+    assert all(torch.equal(p, q) for p, q in zip(trainer.params, before))
+    assert all(p.grad is None for p in trainer.params)
+
+
+@pytest.mark.parametrize("method", ["lcsb", "full-backprop"])
+def test_activation_checkpointing_changes_no_number(tmp_path, method):
+    run_train(tmp_path / "plain", f"method={method}", "train.max_steps=3", "lcsb.blocks=2")
+    run_train(tmp_path / "ckpt", f"method={method}", "train.max_steps=3", "lcsb.blocks=2",
+              "activation_checkpointing=true")
+    losses = [[r["loss"] for r in read_metrics(tmp_path / d / "metrics.jsonl")] for d in ("plain", "ckpt")]
+    assert losses[0] == losses[1]
+    assert_same_tensors(adapter_tensors(tmp_path / "plain"), adapter_tensors(tmp_path / "ckpt"))
+
+
+def test_idle_update_none_leaves_idle_blocks_alone_and_momentum_moves_them(tmp_path):
+    for idle in ("none", "momentum"):
+        run_train(tmp_path / idle, f"lcsb.idle_update={idle}", "train.max_steps=2", "lcsb.blocks=2",
+                  "train.warmup_steps=0")
+    # Step 1 trains block 0 (layers 0-1), step 2 block 1 (layers 2-3): block 0 is idle, with moments, on step 2.
+    none, momentum = adapter_tensors(tmp_path / "none"), adapter_tensors(tmp_path / "momentum")
+    block0 = [k for k in none if ".layers.0." in k or ".layers.1." in k]
+    block1 = [k for k in none if ".layers.2." in k or ".layers.3." in k]
+    assert all(torch.equal(none[k], momentum[k]) for k in block1)
+    assert all(not torch.equal(none[k], momentum[k]) for k in block0)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_backend_trains_with_bf16_autocast(tmp_path):
+    summary = run_train(tmp_path / "cuda", "backend=cuda", "train.autocast=bf16", "train.max_steps=4")
+    assert math.isfinite(summary["final_loss"]) and summary["peak_mem_mb"] > 0
