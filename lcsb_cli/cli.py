@@ -12,7 +12,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from .errors import LcsbError
+from .errors import BadInput, LcsbError
 from .recipe import dump, load_recipe
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="LoRA fine-tuning with layer-cyclic selective backprop.")
@@ -78,6 +78,34 @@ def train(
     if output is not None:
         loaded.output_dir = str(output)
     run_training(loaded, Path(loaded.output_dir), RichReporter(err), resume=resume, force=force)
+
+
+@app.command("eval")
+@handled
+def eval_(
+    target: Annotated[str, typer.Argument(help="A recipe (evaluates the base model or --adapter) or a run dir (its config.yaml and adapter/).")],
+    overrides: Overrides = None,
+    adapter: Annotated[Optional[Path], typer.Option("--adapter", help="A PEFT adapter dir to evaluate.")] = None,
+    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Where eval.json and predictions.json go (default: the run dir or the recipe's output_dir).")] = None,
+) -> None:
+    """LaMP-2 accuracy and macro-F1 of a base model, an adapter or a finished run."""
+    from .evaluate import run_eval
+    from .report import eval_table
+
+    path = Path(target)
+    run_dir = path if path.is_dir() else None
+    if run_dir is not None:
+        if not (run_dir / "config.yaml").is_file():
+            raise BadInput(f"{run_dir}: not a run directory (no config.yaml); give a recipe or a run dir")
+        recipe = load_recipe(run_dir / "config.yaml", overrides or [])
+        if adapter is None and recipe.data.user != "all":
+            adapter = run_dir / "adapter"
+            if not adapter.is_dir():
+                raise BadInput(f"{run_dir}: the run has no adapter/ yet; finish it with `lcsb train ... --resume`")
+    else:
+        recipe = load_recipe(recipe_path(target), overrides or [])
+    result = run_eval(recipe, output or run_dir or Path(recipe.output_dir), adapter, run_dir)
+    out.print(eval_table(result))
 
 
 @app.command()

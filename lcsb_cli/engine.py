@@ -19,8 +19,9 @@ from transformers import get_scheduler
 from . import rundir
 from .backends import get_backend
 from .checkpoint import load_checkpoint, save_checkpoint, write_json_atomic
-from .data import build_train_batches
+from .data import build_train_batches, eval_questions, train_questions
 from .errors import BadInput
+from .evaluate import evaluate_questions
 from .methods import build_method
 from .models import load_model, lora_parameters
 from .recipe import Recipe
@@ -101,9 +102,12 @@ class Trainer:
         return {k: v.to(self.backend.device, non_blocking=True) for k, v in batch.items()}
 
 
-def train(recipe: Recipe, run_dir: Path, reporter: Reporter, resume: bool = False, force: bool = False) -> dict:
+def train(recipe: Recipe, run_dir: Path, reporter: Reporter, resume: bool = False, force: bool = False,
+          adapter_dir: Path | None = None) -> dict:
     """Set up in dependency order (run dir, backend, model, data, optimizer, method, state), then loop."""
     run_dir = Path(run_dir)
+    if recipe.data.user == "all":
+        return train_per_user(recipe, run_dir, reporter, resume, force)
     resume_from = rundir.check_resume(run_dir, recipe) if resume else None
     if not resume:
         rundir.check_fresh(run_dir, force)
@@ -114,7 +118,8 @@ def train(recipe: Recipe, run_dir: Path, reporter: Reporter, resume: bool = Fals
     loaded = load_model(recipe, backend.device)
     if recipe.lcsb.blocks > len(loaded.layers):
         raise BadInput(f"lcsb.blocks: {recipe.lcsb.blocks} is more than the model's {len(loaded.layers)} layers")
-    batches = build_train_batches(recipe, loaded.tokenizer)
+    batches = build_train_batches(recipe, loaded.tokenizer, train_questions(recipe))
+    held_out = eval_questions(recipe) if recipe.train.eval_every else []
     params = lora_parameters(loaded.model)
     optimizer = torch.optim.AdamW(params, lr=recipe.train.lr, weight_decay=recipe.train.weight_decay)
     lr_scheduler = get_scheduler(
@@ -145,15 +150,63 @@ def train(recipe: Recipe, run_dir: Path, reporter: Reporter, resume: bool = Fals
                 log.write(_json_line(row))
                 log.flush()
                 reporter.on_step(row)
+            if cfg.eval_every and (done % cfg.eval_every == 0 or done == cfg.max_steps):
+                _, metrics = evaluate_questions(loaded.model, loaded.tokenizer, held_out, recipe)
+                log.write(_json_line({"step": done, "eval_accuracy": metrics["accuracy"],
+                                      "eval_f1": metrics["macro_f1"]}))
+                log.flush()
+                loaded.model.train()
             if (cfg.save_every and done % cfg.save_every == 0) or done == cfg.max_steps:
                 wall = wall_before + time.perf_counter() - started
                 _save(run_dir, done, loaded.model, optimizer, lr_scheduler, method, wall)
     wall = wall_before + time.perf_counter() - started
-    _save_adapter(loaded.model, run_dir / "adapter")
+    _save_adapter(loaded.model, adapter_dir or run_dir / "adapter")
     summary = summarize(rundir.read_metrics(run_dir / "metrics.jsonl"), method, wall)
     write_json_atomic(run_dir / "summary.json", summary)
     reporter.on_end(summary)
     return summary
+
+
+def train_per_user(recipe: Recipe, run_dir: Path, reporter: Reporter, resume: bool, force: bool) -> dict:
+    """One adapter per user (`data.user: all`): users/ID/ holds each user's run, adapters/ID/ its adapter.
+
+    On --resume, finished users are kept, the interrupted one resumes from its checkpoint, the rest start.
+    """
+    from .data import users
+    from .recipe import replace_key
+
+    if resume:
+        rundir.check_resume(run_dir, recipe, need_checkpoint=False)
+    else:
+        rundir.check_fresh(run_dir, force)
+    user_ids = list(users(recipe))
+    if not resume:
+        rundir.prepare_fresh(run_dir, recipe)
+    summaries = {}
+    for user_id in user_ids:
+        sub_dir = run_dir / "users" / user_id
+        done = (sub_dir / "summary.json").is_file()
+        summaries[user_id] = json.loads((sub_dir / "summary.json").read_text()) if done else train(
+            replace_key(recipe, "data.user", user_id), sub_dir, reporter,
+            resume=resume and rundir.holds_run(sub_dir), force=True, adapter_dir=run_dir / "adapters" / user_id,
+        )
+    summary = {**aggregate(list(summaries.values())), "users": len(summaries)}
+    write_json_atomic(run_dir / "summary.json", summary)
+    return summary
+
+
+def aggregate(summaries: list[dict]) -> dict:
+    first = summaries[0]
+    return {
+        "method": first["method"], "blocks": first["blocks"], "steps": sum(s["steps"] for s in summaries),
+        "final_loss": statistics.mean(s["final_loss"] for s in summaries),
+        "median_step_time_s": statistics.median(s["median_step_time_s"] for s in summaries),
+        "tokens_per_s": statistics.mean(s["tokens_per_s"] for s in summaries),
+        "peak_mem_mb": max(s["peak_mem_mb"] for s in summaries),
+        "wall_time_s": sum(s["wall_time_s"] for s in summaries),
+        "diverged": any(s["diverged"] for s in summaries),
+        "events": sorted({e for s in summaries for e in s["events"]}),
+    }
 
 
 def summarize(rows: list[dict], method, wall_time_s: float) -> dict:

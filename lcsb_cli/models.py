@@ -56,9 +56,12 @@ def resolve_base_dir(name: str) -> Path:
 
 
 def materialize_preset(name: str) -> Path:
-    """Write the preset's deterministic random-init weights and tokenizer as an HF checkpoint (cached)."""
+    """A pretrained preset's shipped checkpoint, or the preset's deterministic random-init weights and
+    tokenizer written once as an HF checkpoint into the cache."""
     spec_text = (PRESET_DIR / f"{name}.yaml").read_text()
     spec = yaml.safe_load(spec_text)
+    if "checkpoint" in spec:
+        return PRESET_DIR / spec["checkpoint"]
     tokenizer_dir = TOKENIZER_DIR / spec["tokenizer"]
     digest = hashlib.sha256((spec_text + (tokenizer_dir / "tokenizer.json").read_text()).encode()).hexdigest()
     target = cache_root() / "presets" / f"{name}-{digest[:12]}"
@@ -113,9 +116,8 @@ def quantization_config(kind: str, compute_dtype: torch.dtype):
     )
 
 
-def load_model(recipe: Recipe, device: torch.device) -> LoadedModel:
-    """Base model (quantized if asked) with LoRA adapters on `recipe.lora.targets`; only LoRA trains."""
-    from peft import LoraConfig, get_peft_model
+def load_base(recipe: Recipe, device: torch.device):
+    """(base model, its config, checkpoint dir), quantized as the recipe asks, with the KV cache off."""
     from transformers import AutoModelForCausalLM
 
     base_dir = resolve_base_dir(recipe.model.name)
@@ -129,13 +131,26 @@ def load_model(recipe: Recipe, device: torch.device) -> LoadedModel:
     if recipe.quantization == "none":
         model.to(device)
     model.config.use_cache = False
-    _check_targets(model, recipe.lora.targets)
-    lora = LoraConfig(
-        r=recipe.lora.rank, lora_alpha=recipe.lora.alpha, lora_dropout=recipe.lora.dropout,
-        target_modules=list(recipe.lora.targets), task_type="CAUSAL_LM",
-    )
-    with _seeded(recipe.train.seed):
-        peft_model = get_peft_model(model, lora)
+    return model, config, base_dir
+
+
+def load_model(recipe: Recipe, device: torch.device, adapter: Path | None = None) -> LoadedModel:
+    """Base model (quantized if asked) with LoRA on `recipe.lora.targets` (fresh, or `adapter`'s weights)."""
+    from peft import LoraConfig, PeftModel, get_peft_model
+
+    model, config, base_dir = load_base(recipe, device)
+    if adapter is not None:
+        if not (Path(adapter) / "adapter_config.json").is_file():
+            raise BadInput(f"--adapter: {adapter} is not a PEFT adapter dir (no adapter_config.json)")
+        peft_model = PeftModel.from_pretrained(model, adapter, is_trainable=True)
+    else:
+        _check_targets(model, recipe.lora.targets)
+        lora = LoraConfig(
+            r=recipe.lora.rank, lora_alpha=recipe.lora.alpha, lora_dropout=recipe.lora.dropout,
+            target_modules=list(recipe.lora.targets), task_type="CAUSAL_LM",
+        )
+        with _seeded(recipe.train.seed):
+            peft_model = get_peft_model(model, lora)
     return LoadedModel(peft_model, load_tokenizer(base_dir), decoder_layers(peft_model, config), base_dir)
 
 

@@ -48,6 +48,8 @@ class DataConfig:
     eval: str | None = None
     eval_labels: str | None = None
     max_length: int = 256
+    profile_k: int = 0  # prepend the k most relevant profile items (BM25) to each question
+    user: str | None = None  # train/evaluate one user's adapter (a user id), or one adapter per user (all)
 
 
 @dataclass
@@ -63,8 +65,16 @@ class TrainConfig:
     seed: int = 0
     log_every: int = 1
     save_every: int = 50  # 0: only at the end
+    eval_every: int = 0  # log eval_accuracy / eval_f1 rows every N steps; 0: never
     autocast: str = "none"
     threads: int = 0  # torch intra-op threads; 0 keeps torch's default
+
+
+@dataclass
+class EvalConfig:
+    mode: str = "score"  # score: rank the tags by likelihood | generate: greedy decoding, exact match
+    batch_size: int = 8  # questions per forward pass
+    max_new_tokens: int = 8  # generate mode
 
 
 @dataclass
@@ -79,6 +89,7 @@ class Recipe:
     backend: str = "cpu"
     data: DataConfig = field(default_factory=DataConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
     output_dir: str | None = None  # default: runs/NAME
 
 
@@ -93,11 +104,13 @@ CHOICES = {
     "data.format": ("lamp2",),
     "train.lr_scheduler": ("cosine", "linear", "constant"),
     "train.autocast": ("none", "bf16"),
+    "eval.mode": ("score", "generate"),
 }
 MINIMUMS = {
     "lora.rank": 1, "lcsb.blocks": 1, "data.max_length": 16, "train.max_steps": 1, "train.batch_size": 1,
     "train.grad_accum": 1, "train.warmup_steps": 0, "train.log_every": 1, "train.save_every": 0,
-    "train.threads": 0, "lora.dropout": 0.0, "train.weight_decay": 0.0, "train.max_grad_norm": 0.0,
+    "train.threads": 0, "train.eval_every": 0, "data.profile_k": 0, "eval.batch_size": 1,
+    "eval.max_new_tokens": 1, "lora.dropout": 0.0, "train.weight_decay": 0.0, "train.max_grad_norm": 0.0,
 }
 PATH_KEYS = ("data.train", "data.train_labels", "data.eval", "data.eval_labels")
 
@@ -158,8 +171,23 @@ def validate(recipe: Recipe) -> None:
         raise BadInput("backend: npu-sim is not available yet in this version; use cpu or cuda")
     if not recipe.lora.targets:
         raise BadInput("lora.targets: name at least one module, e.g. [q_proj, v_proj]")
-    if recipe.data.train is None:
+    if recipe.data.train is None and recipe.data.user is None:
         raise BadInput("data.train: no training file given (a LaMP-2 *_questions.json)")
+    if recipe.data.user is not None and recipe.data.eval is None:
+        raise BadInput("data.eval: per-user runs (data.user) need the users' questions file")
+
+
+def replace_key(recipe: Recipe, dotted: str, value) -> Recipe:
+    """A copy of `recipe` with one dotted key changed."""
+    *parents, leaf = dotted.split(".")
+    copy = dataclasses.replace(recipe)
+    node = copy
+    for part in parents:
+        child = dataclasses.replace(getattr(node, part))
+        setattr(node, part, child)
+        node = child
+    setattr(node, leaf, value)
+    return copy
 
 
 def get_key(recipe: Recipe, dotted: str):

@@ -71,3 +71,13 @@ def key_value_table(title: str, data: dict) -> Table:
     for key, value in data.items():
         table.add_row(key, f"{value:.4g}" if isinstance(value, float) else str(value))
     return table
+
+
+def eval_table(result: dict) -> Table:
+    title = f"LaMP-2 eval ({result['mode']}, {result['n']} questions)"
+    table = Table(title=title)
+    for column in ("accuracy", "macro-F1", "majority accuracy", "out of label"):
+        table.add_column(column, justify="right")
+    table.add_row(f"{result['accuracy']:.4f}", f"{result['macro_f1']:.4f}", f"{result['majority_accuracy']:.4f}",
+                  str(result["out_of_label"]))
+    return table

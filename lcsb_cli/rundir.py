@@ -12,7 +12,8 @@ from .checkpoint import checkpoint_dirs, write_text_atomic
 from .errors import BadInput
 from .recipe import Recipe, dump, to_dict
 
-RUN_FILES = ("config.yaml", "metrics.jsonl", "summary.json", "adapter", "checkpoints")
+RUN_FILES = ("config.yaml", "metrics.jsonl", "summary.json", "adapter", "checkpoints", "users", "adapters",
+             "eval.json", "predictions.json")
 # Keys a resumed run may change: they alter how long it runs or how it reports, never the math of a step.
 RESUMABLE_CHANGES = {"train.max_steps", "train.log_every", "train.save_every", "train.threads", "output_dir"}
 
@@ -39,17 +40,20 @@ def prepare_fresh(run_dir: Path, recipe: Recipe) -> None:
     write_text_atomic(run_dir / "config.yaml", dump(recipe))
 
 
-def check_resume(run_dir: Path, recipe: Recipe) -> Path:
+def check_resume(run_dir: Path, recipe: Recipe, need_checkpoint: bool = True) -> Path | None:
     """The newest checkpoint to resume from, after checking the recipe matches the saved one."""
-    if not checkpoint_dirs(run_dir):
+    if need_checkpoint and not checkpoint_dirs(run_dir):
         raise BadInput(f"{run_dir}: no checkpoint to resume from (start a fresh run without --resume)")
+    if not need_checkpoint and not (run_dir / "config.yaml").is_file():
+        raise BadInput(f"{run_dir}: no run to resume (start a fresh run without --resume)")
     saved = yaml.safe_load((run_dir / "config.yaml").read_text()) if (run_dir / "config.yaml").is_file() else {}
     for key in _differing_keys(saved, to_dict(recipe)):
         if key not in RESUMABLE_CHANGES:
             raise BadInput(f"--resume: {key} differs from the run's config.yaml; only "
                            f"{', '.join(sorted(RESUMABLE_CHANGES))} may change on resume")
     write_text_atomic(run_dir / "config.yaml", dump(recipe))
-    return checkpoint_dirs(run_dir)[0]
+    found = checkpoint_dirs(run_dir)
+    return found[0] if found else None
 
 
 def truncate_metrics(path: Path, last_step: int) -> list[dict]:

@@ -1,4 +1,8 @@
-"""Training data: recipe -> tokenized dataset -> a deterministic stream of micro-batches."""
+"""Training and evaluation data: recipe -> LaMP-2 questions -> tokenized dataset -> micro-batches.
+
+Pooled training uses `data.train`; per-user training (`data.user`) uses a user's profile items, taken from
+that user's evaluation questions, as (description -> tag) examples, the on-device personalization setting.
+"""
 
 from __future__ import annotations
 
@@ -7,16 +11,60 @@ from pathlib import Path
 from ..errors import BadInput
 from ..recipe import Recipe
 from .batching import BatchStream
-from .lamp2 import lamp2_dataset, load_lamp2
+from .lamp2 import LampQuestion, group_by_user, lamp2_dataset, load_lamp2, profile_questions
 
 
-def build_train_batches(recipe: Recipe, tokenizer) -> BatchStream:
-    cfg = recipe.data
-    for key, path in (("data.train", cfg.train), ("data.train_labels", cfg.train_labels)):
+def _load(recipe: Recipe, questions_key: str, labels_key: str) -> list[LampQuestion]:
+    questions_path, labels_path = getattr(recipe.data, questions_key), getattr(recipe.data, labels_key)
+    if questions_path is None:
+        raise BadInput(f"data.{questions_key}: no file given (a LaMP-2 *_questions.json)")
+    for key, path in ((questions_key, questions_path), (labels_key, labels_path)):
         if path is not None and not Path(path).is_file():
-            raise BadInput(f"{key}: {path} does not exist")
-    questions = load_lamp2(cfg.train, cfg.train_labels)
+            raise BadInput(f"data.{key}: {path} does not exist")
+    questions = load_lamp2(questions_path, labels_path)
     if any(q.output is None for q in questions):
-        raise BadInput(f"data.train_labels: training needs gold tags; give the *_outputs.json of {cfg.train}")
-    dataset = lamp2_dataset(tokenizer, questions, cfg.max_length)
+        raise BadInput(f"data.{labels_key}: gold tags are needed; give the *_outputs.json of {questions_path}")
+    return questions
+
+
+def eval_questions(recipe: Recipe) -> list[LampQuestion]:
+    questions = _load(recipe, "eval", "eval_labels")
+    if recipe.data.user not in (None, "all"):
+        questions = users(recipe).get(recipe.data.user) or []
+    return questions
+
+
+def users(recipe: Recipe) -> dict[str, list[LampQuestion]]:
+    """Evaluation questions grouped by user, in a stable order."""
+    groups = group_by_user(_load(recipe, "eval", "eval_labels"))
+    if recipe.data.user not in (None, "all") and recipe.data.user not in groups:
+        known = ", ".join(sorted(groups)[:5])
+        raise BadInput(f"data.user: no user {recipe.data.user!r} in {recipe.data.eval} (e.g. {known})")
+    return dict(sorted(groups.items()))
+
+
+def train_questions(recipe: Recipe) -> list[LampQuestion]:
+    if recipe.data.user is None:
+        return _load(recipe, "train", "train_labels")
+    if recipe.data.user == "all":
+        raise BadInput("data.user: 'all' trains one adapter per user; pick a user id for a single run")
+    return user_profile_questions(users(recipe)[recipe.data.user])
+
+
+def user_profile_questions(questions: list[LampQuestion]) -> list[LampQuestion]:
+    """The union of a user's profile items (over their questions) as training questions."""
+    seen, merged = set(), []
+    for q in questions:
+        for item in profile_questions(q):
+            if item.id not in seen:
+                seen.add(item.id)
+                merged.append(item)
+    if not merged:
+        raise BadInput(f"data.user: user {questions[0].user_id!r} has no profile items to train on")
+    return merged
+
+
+def build_train_batches(recipe: Recipe, tokenizer, questions: list[LampQuestion] | None = None) -> BatchStream:
+    questions = train_questions(recipe) if questions is None else questions
+    dataset = lamp2_dataset(tokenizer, questions, recipe.data.max_length, recipe.data.profile_k)
     return BatchStream(dataset, recipe.train.batch_size, recipe.train.seed, tokenizer.pad_token_id)

@@ -154,12 +154,16 @@ def _bos(tokenizer: Any) -> list[int]:
     return [bos] if bos is not None and list(tokenizer("")["input_ids"])[:1] == [bos] else []
 
 
-def encode_example(tokenizer: Any, question_input: str, target: str | None, max_length: int) -> dict:
-    """Prompt + " target" + eos, with labels only on the target.
+def encode_example(
+    tokenizer: Any, question_input: str, target: str | None, max_length: int, profile: Sequence[dict] = ()
+) -> dict:
+    """[profile statements] + prompt + " target" + eos, with labels only on the target.
 
-    The three prompt pieces (head up to 'description:', the description with its leading space, and
-    '\\nAnswer:') are tokenized separately so that over-long examples lose description tokens only:
-    a cut tag list or answer would make the example wrong rather than short.
+    The prompt pieces (head up to 'description:', the description with its leading space, and '\nAnswer:')
+    are tokenized separately so that over-long examples lose description tokens only: a cut tag list or
+    answer would make the example wrong rather than short. Profile items (most relevant first) are stated
+    as `the tag for the movie: "..." is "..."` lines before the question and get what the question leaves of
+    `max_length`, whole statements only, the least relevant dropped first.
     """
     try:
         _, cut = _description_start(question_input)
@@ -167,27 +171,86 @@ def encode_example(tokenizer: Any, question_input: str, target: str | None, max_
         raise BadInput(f"LaMP-2 input: {err}") from None
     if tokenizer.eos_token_id is None:
         raise BadInput("the tokenizer has no eos token; use a tokenizer that defines one")
-    head = _bos(tokenizer) + _ids(tokenizer, question_input[:cut])
+    head = _ids(tokenizer, question_input[:cut])
     tail = _ids(tokenizer, ANSWER_CUE)
     answer = [] if target is None else _ids(tokenizer, " " + target) + [tokenizer.eos_token_id]
-    fixed = len(head) + len(tail) + len(answer)
+    bos = _bos(tokenizer)
+    fixed = len(bos) + len(head) + len(tail) + len(answer)
     if fixed > max_length:
         raise BadInput(
             f"max_length={max_length} is too small: the question, tag list and answer alone need {fixed} tokens; "
             f"set data.max_length to at least {fixed}"
         )
-    prompt = head + _ids(tokenizer, question_input[cut:])[: max_length - fixed] + tail
+    description = _ids(tokenizer, question_input[cut:])[: max_length - fixed]
+    context = _profile_ids(tokenizer, profile, max_length - fixed - len(description))
+    prompt = bos + context + head + description + tail
     return {"input_ids": prompt + answer, "labels": [-100] * len(prompt) + answer}
 
 
-def lamp2_dataset(tokenizer: Any, questions: Sequence[LampQuestion], max_length: int):
+def profile_statement(description: str, tag: str) -> str:
+    """LaMP's retrieval format for a profile item (also the built-in base's pretraining text)."""
+    return f'the tag for the movie: "{description}" is "{tag}"'
+
+
+def _profile_ids(tokenizer: Any, profile: Sequence[dict], budget: int) -> list[int]:
+    ids: list[int] = []
+    for item in profile:
+        statement = _ids(tokenizer, profile_statement(item["description"], item["tag"]) + "\n")
+        if len(ids) + len(statement) > budget:
+            break
+        ids += statement
+    return ids
+
+
+def lamp2_dataset(tokenizer: Any, questions: Sequence[LampQuestion], max_length: int, profile_k: int = 0):
     """A datasets.Dataset (input_ids, labels); questions without a gold become prompt-only rows."""
     from datasets import Dataset
 
     rows = []
     for q in questions:
         try:
-            rows.append(encode_example(tokenizer, q.input, q.output, max_length))
+            rows.append(encode_example(tokenizer, q.input, q.output, max_length, retrieve_profile(q, profile_k)))
         except BadInput as err:
             raise BadInput(f"question id {q.id!r}: {err}") from None
     return Dataset.from_dict({"input_ids": [r["input_ids"] for r in rows], "labels": [r["labels"] for r in rows]})
+
+
+def retrieve_profile(question: LampQuestion, k: int) -> list[dict]:
+    """The k profile items whose descriptions best match the question's (BM25, as LaMP's retrieval baseline)."""
+    if k <= 0 or not question.profile:
+        return []
+    from rank_bm25 import BM25Okapi
+
+    corpus = [_bm25_tokens(item["description"]) for item in question.profile]
+    scores = BM25Okapi(corpus).get_scores(_bm25_tokens(split_input(question.input)[1]))
+    ranked = sorted(range(len(corpus)), key=lambda i: (-scores[i], i))
+    return [question.profile[i] for i in ranked[:k]]
+
+
+def _bm25_tokens(text: str) -> list[str]:
+    return text.lower().split()
+
+
+def user_of(question: LampQuestion) -> str:
+    """The time-based split names the user; in the user-based split each question is its own user."""
+    return question.user_id if question.user_id is not None else question.id
+
+
+def group_by_user(questions: Sequence[LampQuestion]) -> dict[str, list[LampQuestion]]:
+    groups: dict[str, list[LampQuestion]] = {}
+    for q in questions:
+        groups.setdefault(user_of(q), []).append(q)
+    return groups
+
+
+def profile_questions(question: LampQuestion) -> list[LampQuestion]:
+    """A user's profile items as training questions (description -> tag); each keeps the rest as profile."""
+    items = question.profile
+    return [
+        LampQuestion(
+            id=str(item["id"]), input=format_input(TAGS, item["description"]),
+            profile=tuple(other for other in items if other is not item), user_id=user_of(question),
+            output=item["tag"],
+        )
+        for item in items
+    ]

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from datetime import date, timedelta
 from pathlib import Path
 
-from lcsb_cli.data.lamp2 import ANSWER_CUE, TAGS, format_input
+from lcsb_cli.data.lamp2 import ANSWER_CUE, TAGS, format_input, profile_statement
 
 N_USERS = 30
 TRAIN_PER_USER = 10
@@ -263,12 +263,31 @@ def corpus_lines(seed: int = 0) -> list[str]:
     profiles = {q["user_id"]: q["profile"] for q in files["train_questions.json"]}
     for item in (item for profile in profiles.values() for item in profile):
         lines.append(item["description"])
-        lines.append(f'the tag for the movie: "{item["description"]}" is "{item["tag"]}"')
+        lines.append(profile_statement(item["description"], item["tag"]))
     for split in ("train", "dev"):
         golds = {g["id"]: g["output"] for g in files[f"{split}_outputs.json"]["golds"]}
         for q in files[f"{split}_questions.json"]:
             description = q["input"].split("description: ", 1)[1]
             lines.append(description)
             lines.append(q["input"] + ANSWER_CUE + " " + golds[q["id"]])
-            lines.append(f'the tag for the movie: "{description}" is "{golds[q["id"]]}"')
+            lines.append(profile_statement(description, golds[q["id"]]))
     return lines
+
+
+def pretrain_documents(seed: int, count: int) -> list[str]:
+    """Text for the built-in base model: users' runs of tag statements, and plain blurbs.
+
+    Users here are fresh (another seed than the sample's), so the base learns the cue -> tag habits of a
+    population and, from each document's consistent habit, to follow a user's earlier statements; it never
+    sees LaMP's question format, which fine-tuning teaches.
+    """
+    builder = _Builder(seed + 7919)
+    docs = []
+    for _ in range(count):
+        if builder.rng.random() < 0.25:
+            docs.append(blurb(builder.rng, builder.rng.choice(GROUPS)))
+            continue
+        habit, weights = _user(builder.rng)
+        items = [builder.item(habit, weights) for _ in range(builder.rng.randint(2, 5))]
+        docs.append("\n".join(profile_statement(text, tag) for text, tag in items))
+    return docs

@@ -1,0 +1,189 @@
+"""LaMP-2 evaluation: predictions by tag likelihood or greedy decoding, metrics as LaMP computes them."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from .data.lamp2 import TAGS, LampQuestion, encode_example, retrieve_profile, split_input
+from .models import inference_mode
+from .recipe import Recipe
+
+
+def lamp2_metrics(golds: Sequence[str], preds: Sequence[str], labels: Sequence[str] = TAGS) -> dict:
+    """Accuracy and macro-F1 over all `labels`, as LaMP's evaluation (sklearn's f1 with labels=all, average=macro).
+
+    Predictions are stripped; one that is not exactly a label counts wrong. A label with no gold and no
+    prediction has F1 0, as sklearn's zero_division default gives.
+    """
+    preds = [p.strip() for p in preds]
+    correct = [g == p for g, p in zip(golds, preds)]
+    per_tag, f1s = {}, []
+    for label in labels:
+        tp = sum(c and g == label for c, g in zip(correct, golds))
+        predicted, gold = preds.count(label), list(golds).count(label)
+        f1 = 2 * tp / (predicted + gold) if predicted + gold else 0.0
+        per_tag[label] = {"gold": gold, "predicted": predicted, "correct": tp, "f1": f1}
+        f1s.append(f1)
+    confusion = Counter((g, p) for g, p, c in zip(golds, preds, correct) if not c)
+    return {
+        "n": len(golds),
+        "accuracy": sum(correct) / len(golds) if golds else 0.0,
+        "macro_f1": sum(f1s) / len(f1s),
+        "out_of_label": sum(p not in labels for p in preds),
+        "per_tag": per_tag,
+        "top_confusions": [{"gold": g, "predicted": p, "count": n} for (g, p), n in confusion.most_common(10)],
+    }
+
+
+def majority_accuracy(train_golds: Sequence[str], eval_golds: Sequence[str]) -> float:
+    """Accuracy of always answering the most frequent training tag."""
+    majority = Counter(train_golds).most_common(1)[0][0]
+    return sum(g == majority for g in eval_golds) / len(eval_golds)
+
+
+def predictions_file(questions: Sequence[LampQuestion], preds: Sequence[str]) -> dict:
+    return {"task": "LaMP_2", "golds": [{"id": q.id, "output": p} for q, p in zip(questions, preds)]}
+
+
+def predict(model, tokenizer, questions: Sequence[LampQuestion], recipe: Recipe) -> list[str]:
+    predictor = score_tags if recipe.eval.mode == "score" else generate_tags
+    device = next(model.parameters()).device
+    preds: list[str] = []
+    with inference_mode(model):
+        for start in range(0, len(questions), recipe.eval.batch_size):
+            chunk = questions[start:start + recipe.eval.batch_size]
+            prompts = [_prompt_ids(tokenizer, q, recipe) for q in chunk]
+            preds += predictor(model, tokenizer, chunk, prompts, recipe, device)
+    return preds
+
+
+def _prompt_ids(tokenizer, question: LampQuestion, recipe: Recipe) -> list[int]:
+    profile = retrieve_profile(question, recipe.data.profile_k)
+    return encode_example(tokenizer, question.input, None, recipe.data.max_length, profile)["input_ids"]
+
+
+def score_tags(model, tokenizer, questions, prompts, recipe, device) -> list[str]:
+    """Each question's tag with the highest log P(" tag" + end-of-text | prompt).
+
+    No length normalisation: the score is the probability of the whole answer, and the end-of-text token
+    makes a tag and a longer tag that starts with it ("comedy", "comedy drama") compete fairly; averaging per
+    token would favour long tags.
+    """
+    rows, owners, tags = [], [], []
+    for index, (question, prompt) in enumerate(zip(questions, prompts)):
+        for tag in split_input(question.input)[0]:
+            answer = tokenizer(" " + tag, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+            rows.append((prompt, answer))
+            owners.append(index)
+            tags.append(tag)
+    scores = _answer_logprobs(model, rows, tokenizer.pad_token_id, device)
+    best: dict[int, tuple[float, str]] = {}
+    for owner, tag, score in zip(owners, tags, scores.tolist()):
+        if owner not in best or score > best[owner][0]:
+            best[owner] = (score, tag)
+    return [best[i][1] for i in range(len(questions))]
+
+
+def _answer_logprobs(model, rows, pad_id: int, device) -> torch.Tensor:
+    """Sum of log-probs of each row's answer tokens. Rows are left-padded so that every answer ends at the last
+    position, and only the logits of the last positions are computed."""
+    width = max(len(p) + len(a) for p, a in rows)
+    tail = max(len(a) for _, a in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    answers = torch.full((len(rows), tail), -100, dtype=torch.long)
+    for i, (prompt, answer) in enumerate(rows):
+        seq = prompt + answer
+        ids[i, width - len(seq):] = torch.tensor(seq)
+        mask[i, width - len(seq):] = 1
+        answers[i, tail - len(answer):] = torch.tensor(answer)
+    positions = (mask.cumsum(1) - 1).clamp(min=0)
+    logits = model(input_ids=ids.to(device), attention_mask=mask.to(device), position_ids=positions.to(device),
+                   logits_to_keep=tail + 1).logits[:, :-1].float()
+    logprobs = F.log_softmax(logits, dim=-1)
+    answers = answers.to(device)
+    picked = logprobs.gather(-1, answers.clamp(min=0).unsqueeze(-1)).squeeze(-1)
+    return (picked * (answers != -100)).sum(-1).cpu()
+
+
+def generate_tags(model, tokenizer, questions, prompts, recipe, device) -> list[str]:
+    """Greedy decoding, cut at the first newline and stripped, as LaMP's generation setting."""
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), tokenizer.pad_token_id, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, prompt in enumerate(prompts):
+        ids[i, width - len(prompt):] = torch.tensor(prompt)
+        mask[i, width - len(prompt):] = 1
+    out = model.generate(
+        input_ids=ids.to(device), attention_mask=mask.to(device), max_new_tokens=recipe.eval.max_new_tokens,
+        do_sample=False, use_cache=True, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+    )
+    texts = tokenizer.batch_decode(out[:, width:], skip_special_tokens=True)
+    return [text.split("\n", 1)[0].strip() for text in texts]
+
+
+def evaluate_questions(model, tokenizer, questions: Sequence[LampQuestion], recipe: Recipe):
+    preds = predict(model, tokenizer, questions, recipe)
+    return preds, lamp2_metrics([q.output for q in questions], preds)
+
+
+def summary_row(metrics: dict) -> dict:
+    return {k: metrics[k] for k in ("n", "accuracy", "macro_f1", "out_of_label")}
+
+
+def write_results(output: Path, result: dict, predictions: dict) -> None:
+    from .checkpoint import write_json_atomic
+
+    output.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(output / "eval.json", result)
+    write_json_atomic(output / "predictions.json", predictions)
+
+
+def run_eval(recipe: Recipe, output: Path, adapter: Path | None = None, run_dir: Path | None = None) -> dict:
+    """Evaluate the base model, an adapter, or (with `data.user: all`) each user's adapter of `run_dir`;
+    write eval.json and predictions.json into `output`."""
+    from .backends import get_backend
+    from .data import eval_questions, train_questions, user_profile_questions, users
+    from .models import load_model
+
+    loaded = load_model(recipe, get_backend(recipe.backend).device, adapter)
+    if recipe.data.user == "all":
+        questions, preds, per_user, hits = [], [], {}, 0
+        for user_id, user_questions in users(recipe).items():
+            if run_dir is not None:
+                _load_user_adapter(loaded.model, run_dir / "adapters" / user_id)
+            user_preds, metrics = evaluate_questions(loaded.model, loaded.tokenizer, user_questions, recipe)
+            majority = majority_accuracy([q.output for q in user_profile_questions(user_questions)],
+                                         [q.output for q in user_questions])
+            per_user[user_id] = {**summary_row(metrics), "majority_accuracy": majority}
+            hits += round(majority * len(user_questions))
+            questions += user_questions
+            preds += user_preds
+        metrics = {**lamp2_metrics([q.output for q in questions], preds), "majority_accuracy": hits / len(questions),
+                   "users": per_user}
+    else:
+        questions = eval_questions(recipe)
+        preds, metrics = evaluate_questions(loaded.model, loaded.tokenizer, questions, recipe)
+        train_golds = [q.output for q in train_questions(recipe)]
+        metrics["majority_accuracy"] = majority_accuracy(train_golds, [q.output for q in questions])
+    result = {"task": "LaMP_2", "mode": recipe.eval.mode, "model": recipe.model.name,
+              "adapter": str(adapter) if adapter else None, "profile_k": recipe.data.profile_k, **metrics}
+    write_results(output, result, predictions_file(questions, preds))
+    return result
+
+
+def _load_user_adapter(model, path: Path) -> None:
+    from peft import set_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    from .errors import BadInput
+
+    weights = path / "adapter_model.safetensors"
+    if not weights.is_file():
+        raise BadInput(f"{path}: this user's adapter is missing; finish the run with `lcsb train ... --resume`")
+    set_peft_model_state_dict(model, load_file(weights))
