@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections import Counter
 import shutil
 import statistics
 import time
@@ -20,7 +21,8 @@ from . import rundir
 from .backends import get_backend
 from .checkpoint import load_checkpoint, save_checkpoint, write_json_atomic
 from .data import build_train_batches, eval_questions, train_questions
-from .errors import BadInput
+from .divergence import DivergenceGuard, GoodState, all_finite, scale_lr
+from .errors import BadInput, Diverged
 from .evaluate import evaluate_questions
 from .methods import build_method
 from .models import load_model, lora_parameters
@@ -61,7 +63,12 @@ class Trainer:
     grad_accum: int
     max_grad_norm: float
     autocast: str
+    divergence: object  # recipe.divergence: action, spike_factor, patience, lr_backoff
     loss_fn: Callable = causal_lm_loss
+
+    def __post_init__(self):
+        self.guard = DivergenceGuard(self.divergence.spike_factor, self.divergence.patience)
+        self.good = GoodState(self.params, self.optimizer, self.lr_scheduler, self.method)
 
     def step(self, step: int) -> dict:
         """Run step number `step` (0-based) and return its metrics row."""
@@ -77,26 +84,44 @@ class Trainer:
             loss += summed.detach()
         loss = float(loss) / n_targets
         grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, self.max_grad_norm or math.inf))
-        event = None
-        if math.isfinite(loss) and math.isfinite(grad_norm):
+        problem = self.guard.check(loss, grad_norm)
+        if problem is None:
+            if self.guard.spikes == 0:
+                self.good.take()  # weights and moments that just gave a clean loss: the state to roll back to
             self.method.before_optimizer_step(active)
             self.optimizer.step()
-        else:
-            event = "nonfinite_skipped"
+            if not all_finite(self.params):
+                problem = "the update made the weights non-finite"
         self.optimizer.zero_grad(set_to_none=True)
+        outcome = self._handle(problem) if problem else {}
         lr = self.lr_scheduler.get_last_lr()[0]
         self.lr_scheduler.step()
         self.backend.synchronize()
         elapsed = time.perf_counter() - start
         tokens = int(sum(int(b["attention_mask"].sum()) for b in micro))
-        row = {
+        return {
             "step": step + 1, "loss": loss, "lr": lr, "grad_norm": grad_norm, "tokens": tokens,
             "tokens_per_s": tokens / elapsed, "step_time_s": elapsed, "peak_mem_mb": self.backend.peak_mem_mb(),
-            "active_block": active, "method": self.method.name,
+            "active_block": active, "method": self.method.name, **outcome,
         }
-        if event:
-            row["event"] = event
-        return row
+
+    def _handle(self, problem: str) -> dict:
+        """Apply the divergence action; the update of the offending step never stays in the weights."""
+        action = self.divergence.action
+        if action == "skip" and all_finite(self.params):
+            return {"event": "diverged", "reason": problem}
+        self.good.restore()
+        if action == "rollback":
+            scale_lr(self.optimizer, self.lr_scheduler, self.divergence.lr_backoff)
+            return {"event": "rollback", "reason": problem}
+        return {"event": "diverged", "reason": problem}
+
+    def state_dict(self) -> dict:
+        return {"guard": self.guard.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.guard.load_state_dict(state["guard"])
+        self.good.reset()
 
     def _to_device(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         return {k: v.to(self.backend.device, non_blocking=True) for k, v in batch.items()}
@@ -131,17 +156,19 @@ def train(recipe: Recipe, run_dir: Path, reporter: Reporter, resume: bool = Fals
         rundir.prepare_fresh(run_dir, recipe)
     trainer = Trainer(
         loaded.model, params, optimizer, lr_scheduler, method, batches, backend, recipe.train.grad_accum,
-        recipe.train.max_grad_norm, recipe.train.autocast,
+        recipe.train.max_grad_norm, recipe.train.autocast, recipe.divergence,
     )
     first_step, wall_before = 0, 0.0
     if resume_from is not None:
-        first_step, wall_before = _restore(resume_from, loaded.model, optimizer, lr_scheduler, method)
+        first_step, wall_before = _restore(resume_from, trainer)
         rundir.truncate_metrics(run_dir / "metrics.jsonl", first_step)
+    trainer.good.take()
     loaded.model.train()
     reporter.on_start({"recipe": recipe, "run_dir": run_dir, "first_step": first_step,
                        "params": sum(p.numel() for p in params), "layers": len(loaded.layers)})
     started = time.perf_counter()
     cfg = recipe.train
+    diverged = None
     with open(run_dir / "metrics.jsonl", "a") as log:
         for step in range(first_step, cfg.max_steps):
             row = trainer.step(step)
@@ -150,20 +177,27 @@ def train(recipe: Recipe, run_dir: Path, reporter: Reporter, resume: bool = Fals
                 log.write(_json_line(row))
                 log.flush()
                 reporter.on_step(row)
-            if cfg.eval_every and (done % cfg.eval_every == 0 or done == cfg.max_steps):
+            if row.get("event") == "diverged" and recipe.divergence.action == "stop":
+                diverged = Diverged(f"training diverged at step {done}: {row['reason']}; the last good state "
+                                    f"is saved as checkpoints/step-{done}")
+            elif cfg.eval_every and (done % cfg.eval_every == 0 or done == cfg.max_steps):
                 _, metrics = evaluate_questions(loaded.model, loaded.tokenizer, held_out, recipe)
                 log.write(_json_line({"step": done, "eval_accuracy": metrics["accuracy"],
                                       "eval_f1": metrics["macro_f1"]}))
                 log.flush()
                 loaded.model.train()
-            if (cfg.save_every and done % cfg.save_every == 0) or done == cfg.max_steps:
-                wall = wall_before + time.perf_counter() - started
-                _save(run_dir, done, loaded.model, optimizer, lr_scheduler, method, wall)
+            if diverged or (cfg.save_every and done % cfg.save_every == 0) or done == cfg.max_steps:
+                _save(run_dir, done, trainer, wall_before + time.perf_counter() - started)
+            if diverged:
+                break
     wall = wall_before + time.perf_counter() - started
     _save_adapter(loaded.model, adapter_dir or run_dir / "adapter")
     summary = summarize(rundir.read_metrics(run_dir / "metrics.jsonl"), method, wall)
+    summary["diverged"] = diverged is not None
     write_json_atomic(run_dir / "summary.json", summary)
     reporter.on_end(summary)
+    if diverged:
+        raise diverged
     return summary
 
 
@@ -205,7 +239,7 @@ def aggregate(summaries: list[dict]) -> dict:
         "peak_mem_mb": max(s["peak_mem_mb"] for s in summaries),
         "wall_time_s": sum(s["wall_time_s"] for s in summaries),
         "diverged": any(s["diverged"] for s in summaries),
-        "events": sorted({e for s in summaries for e in s["events"]}),
+        "events": dict(sum((Counter(s["events"]) for s in summaries), Counter())),
     }
 
 
@@ -220,26 +254,28 @@ def summarize(rows: list[dict], method, wall_time_s: float) -> dict:
         "tokens_per_s": tokens / sum(times) if times else None,
         "peak_mem_mb": max((r["peak_mem_mb"] for r in steps), default=None),
         "wall_time_s": wall_time_s, "diverged": False,
-        "events": sorted({r["event"] for r in rows if "event" in r}),
+        "events": dict(Counter(r["event"] for r in rows if "event" in r)),
     }
 
 
-def _save(run_dir, step, model, optimizer, lr_scheduler, method, wall_time_s) -> None:
+def _save(run_dir: Path, step: int, trainer: Trainer, wall_time_s: float) -> None:
     state = {
-        "step": step, "wall_time_s": wall_time_s, "optimizer": optimizer.state_dict(),
-        "lr_scheduler": lr_scheduler.state_dict(), "method": method.state_dict(),
+        "step": step, "wall_time_s": wall_time_s, "optimizer": trainer.optimizer.state_dict(),
+        "lr_scheduler": trainer.lr_scheduler.state_dict(), "method": trainer.method.state_dict(),
+        "trainer": trainer.state_dict(),
         "rng": {"torch": torch.get_rng_state(),
                 "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []},
     }
-    save_checkpoint(run_dir, step, get_peft_model_state_dict(model), state, keep=KEEP_CHECKPOINTS)
+    save_checkpoint(run_dir, step, get_peft_model_state_dict(trainer.model), state, keep=KEEP_CHECKPOINTS)
 
 
-def _restore(path: Path, model, optimizer, lr_scheduler, method) -> tuple[int, float]:
+def _restore(path: Path, trainer: Trainer) -> tuple[int, float]:
     adapter, state = load_checkpoint(path)
-    set_peft_model_state_dict(model, adapter)
-    optimizer.load_state_dict(state["optimizer"])
-    lr_scheduler.load_state_dict(state["lr_scheduler"])
-    method.load_state_dict(state["method"])
+    set_peft_model_state_dict(trainer.model, adapter)
+    trainer.optimizer.load_state_dict(state["optimizer"])
+    trainer.lr_scheduler.load_state_dict(state["lr_scheduler"])
+    trainer.method.load_state_dict(state["method"])
+    trainer.load_state_dict(state["trainer"])
     torch.set_rng_state(state["rng"]["torch"])
     if state["rng"]["cuda"]:
         torch.cuda.set_rng_state_all(state["rng"]["cuda"])
@@ -261,4 +297,5 @@ def _save_adapter(model, target: Path) -> None:
 
 
 def _json_line(row: dict) -> str:
-    return json.dumps(row) + "\n"
+    """Strict JSON: a NaN or infinite value is written as null (the row's reason says what it was)."""
+    return json.dumps({k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in row.items()}) + "\n"

@@ -71,6 +71,14 @@ class TrainConfig:
 
 
 @dataclass
+class DivergenceConfig:
+    action: str = "rollback"  # stop | skip | rollback
+    spike_factor: float = 4.0  # a loss above this x the running median of recent losses is a spike
+    patience: int = 3  # spikes in a row that count as divergence (a non-finite loss counts at once)
+    lr_backoff: float = 0.5  # rollback multiplies the learning rate by this
+
+
+@dataclass
 class EvalConfig:
     mode: str = "score"  # score: rank the tags by likelihood | generate: greedy decoding, exact match
     batch_size: int = 8  # questions per forward pass
@@ -89,6 +97,7 @@ class Recipe:
     backend: str = "cpu"
     data: DataConfig = field(default_factory=DataConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    divergence: DivergenceConfig = field(default_factory=DivergenceConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     output_dir: str | None = None  # default: runs/NAME
 
@@ -105,12 +114,14 @@ CHOICES = {
     "train.lr_scheduler": ("cosine", "linear", "constant"),
     "train.autocast": ("none", "bf16"),
     "eval.mode": ("score", "generate"),
+    "divergence.action": ("stop", "skip", "rollback"),
 }
 MINIMUMS = {
     "lora.rank": 1, "lcsb.blocks": 1, "data.max_length": 16, "train.max_steps": 1, "train.batch_size": 1,
     "train.grad_accum": 1, "train.warmup_steps": 0, "train.log_every": 1, "train.save_every": 0,
     "train.threads": 0, "train.eval_every": 0, "data.profile_k": 0, "eval.batch_size": 1,
-    "eval.max_new_tokens": 1, "lora.dropout": 0.0, "train.weight_decay": 0.0, "train.max_grad_norm": 0.0,
+    "eval.max_new_tokens": 1, "divergence.spike_factor": 1.0, "divergence.patience": 1,
+    "divergence.lr_backoff": 0.0, "lora.dropout": 0.0, "train.weight_decay": 0.0, "train.max_grad_norm": 0.0,
 }
 PATH_KEYS = ("data.train", "data.train_labels", "data.eval", "data.eval_labels")
 
@@ -163,6 +174,8 @@ def validate(recipe: Recipe) -> None:
         value = get_key(recipe, key)
         if value < minimum:
             raise BadInput(f"{key}: {value} is below the minimum {minimum}")
+    if not 0 < recipe.divergence.lr_backoff <= 1:
+        raise BadInput(f"divergence.lr_backoff: {recipe.divergence.lr_backoff} must be in (0, 1]")
     if recipe.lora.dropout >= 1:
         raise BadInput(f"lora.dropout: {recipe.lora.dropout} must be below 1")
     if recipe.train.lr <= 0:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections import deque
 
 from rich.console import Console
@@ -48,7 +49,7 @@ class RichReporter:
             )
 
     def on_step(self, row: dict) -> None:
-        if "loss" in row:
+        if math.isfinite(row.get("loss") or math.nan):
             self.losses.append(row["loss"])
         block = "all" if row.get("active_block") is None else row["active_block"]
         status = (

@@ -25,7 +25,7 @@ def make_trainer(*overrides, loss_fn=causal_lm_loss):
     batches = build_train_batches(recipe, loaded.tokenizer)
     loaded.model.train()
     return Trainer(loaded.model, params, optimizer, scheduler, method, batches, CpuBackend(),
-                   recipe.train.grad_accum, recipe.train.max_grad_norm, "none", loss_fn), loaded
+                   recipe.train.grad_accum, recipe.train.max_grad_norm, "none", recipe.divergence, loss_fn), loaded
 
 
 def test_loss_is_normalised_per_target_token_across_accumulation():
@@ -39,17 +39,39 @@ def test_loss_is_normalised_per_target_token_across_accumulation():
         torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-6)
 
 
-def test_a_nonfinite_loss_never_reaches_the_weights():
-    def poisoned(model, batch):
-        return causal_lm_loss(model, batch) * float("nan")
+@pytest.mark.parametrize("action,event", [("skip", "diverged"), ("rollback", "rollback")])
+def test_a_nonfinite_loss_never_reaches_the_weights(action, event):
+    poison = {"on": False}
 
-    trainer, loaded = make_trainer(loss_fn=poisoned)
+    def poisoned(model, batch):
+        loss = causal_lm_loss(model, batch)
+        return loss * float("nan") if poison["on"] else loss
+
+    trainer, loaded = make_trainer(f"divergence.action={action}", loss_fn=poisoned)
     trainer.step(0)  # AdamW has state after a clean step, so a NaN step would visibly move the weights
     before = [p.detach().clone() for p in trainer.params]
+    lr = trainer.optimizer.param_groups[0]["lr"]
+    poison["on"] = True
     row = trainer.step(1)
-    assert row["event"] == "nonfinite_skipped"
+    assert row["event"] == event and "nan" in row["reason"]
     assert all(torch.equal(p, q) for p, q in zip(trainer.params, before))
     assert all(p.grad is None for p in trainer.params)
+    expected_lr = lr * 0.5 if action == "rollback" else lr
+    assert trainer.optimizer.param_groups[0]["lr"] == pytest.approx(expected_lr)
+
+
+def test_rollback_restores_weights_and_moments_of_the_last_good_step():
+    trainer, _ = make_trainer("divergence.action=rollback")
+    trainer.step(0)
+    good = [p.detach().clone() for p in trainer.params]
+    moments = {id(p): {k: v.clone() for k, v in trainer.optimizer.state[p].items()} for p in trainer.params}
+    trainer.optimizer.step = lambda: [p.data.fill_(float("inf")) for p in trainer.params]  # a poisoned update
+    row = trainer.step(1)
+    assert row["event"] == "rollback" and "non-finite" in row["reason"]
+    assert all(torch.equal(p, q) for p, q in zip(trainer.params, good))
+    for p in trainer.params:
+        for k, v in trainer.optimizer.state[p].items():
+            assert torch.equal(v, moments[id(p)][k])
 
 
 @pytest.mark.parametrize("method", ["lcsb", "full-backprop"])

@@ -1,0 +1,102 @@
+"""Divergence policy: detect non-finite or spiking losses; stop, skip the update, or roll back."""
+
+from __future__ import annotations
+
+import copy
+import math
+import statistics
+from collections import deque
+
+import torch
+
+ACTIONS = ("stop", "skip", "rollback")
+WINDOW = 20  # good losses the spike test takes its running median over
+
+
+class GoodState:
+    """The last good training state in preallocated buffers: LoRA weights, AdamW moments and step counts
+    (one fused copy per step), plus the small LR-scheduler and method states.
+
+    It is taken just before an update, once the step's loss proved the current weights sound, so a rollback
+    never lands on weights that no forward pass has checked."""
+
+    def __init__(self, params: list[torch.nn.Parameter], optimizer, lr_scheduler, method):
+        self.params, self.optimizer, self.lr_scheduler, self.method = params, optimizer, lr_scheduler, method
+        self.buffers: list[torch.Tensor] | None = None
+        self.live: list[torch.Tensor] = []  # the tensors the buffers mirror (AdamW updates them in place)
+        self.with_state: list[torch.nn.Parameter] = []
+        self.small: dict = {}
+
+    def reset(self) -> None:
+        """Forget the buffers, e.g. after the optimizer's state was replaced by a checkpoint's."""
+        self.buffers = None
+
+    def _gather(self) -> list[torch.Tensor]:
+        state = self.optimizer.state
+        moments = [state[p][k] for p in self.with_state for k in sorted(state[p]) if torch.is_tensor(state[p][k])]
+        return [p.data for p in self.params] + moments
+
+    def take(self) -> None:
+        with_state = [p for p in self.params if p in self.optimizer.state]
+        if self.buffers is None or len(with_state) != len(self.with_state):
+            self.with_state = with_state
+            self.live = self._gather()
+            self.buffers = [t.clone() for t in self.live]
+        else:
+            torch._foreach_copy_(self.buffers, self.live)
+        self.small = copy.deepcopy({"lr_scheduler": self.lr_scheduler.state_dict(),
+                                    "method": self.method.state_dict()})
+
+    def restore(self) -> None:
+        keep = set(map(id, self.with_state))
+        for p in [p for p in self.optimizer.state if id(p) not in keep]:
+            del self.optimizer.state[p]
+        torch._foreach_copy_(self.live, self.buffers)
+        base_lrs = self.lr_scheduler.base_lrs  # a rollback's learning-rate backoff outlives the rollback
+        self.lr_scheduler.load_state_dict(copy.deepcopy(self.small["lr_scheduler"]))
+        self.lr_scheduler.base_lrs = base_lrs
+        self.method.load_state_dict(copy.deepcopy(self.small["method"]))
+
+
+class DivergenceGuard:
+    """Says whether a step diverged: a non-finite loss or gradient norm, or a loss above `spike_factor` x the
+    running median of recent good losses for `patience` steps in a row."""
+
+    def __init__(self, spike_factor: float, patience: int):
+        self.spike_factor, self.patience = spike_factor, patience
+        self.recent: deque[float] = deque(maxlen=WINDOW)
+        self.spikes = 0
+
+    def check(self, loss: float, grad_norm: float) -> str | None:
+        if not math.isfinite(loss):
+            return f"loss is {loss}"
+        if not math.isfinite(grad_norm):
+            return f"gradient norm is {grad_norm}"
+        if len(self.recent) >= 3 and loss > self.spike_factor * statistics.median(self.recent):
+            self.spikes += 1
+            if self.spikes >= self.patience:
+                self.spikes = 0
+                return (f"loss {loss:.4g} above {self.spike_factor}x the running median "
+                        f"{statistics.median(self.recent):.4g} for {self.patience} steps")
+            return None
+        self.spikes = 0
+        self.recent.append(loss)
+        return None
+
+    def state_dict(self) -> dict:
+        return {"recent": list(self.recent), "spikes": self.spikes}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.recent = deque((float(x) for x in state["recent"]), maxlen=WINDOW)
+        self.spikes = int(state["spikes"])
+
+
+def all_finite(params: list[torch.Tensor]) -> bool:
+    return bool(torch.isfinite(torch.stack(torch._foreach_norm(params))).all())
+
+
+def scale_lr(optimizer, lr_scheduler, factor: float) -> None:
+    """Scale the learning rate for the rest of the run (the schedule's base rates and the current rates)."""
+    lr_scheduler.base_lrs = [lr * factor for lr in lr_scheduler.base_lrs]
+    for group in optimizer.param_groups:
+        group["lr"] *= factor
