@@ -49,15 +49,23 @@ def save_checkpoint(run_dir: Path, step: int, adapter: dict[str, torch.Tensor], 
     return final
 
 
+class CorruptCheckpoint(ValueError):
+    """A checkpoint whose files do not match its manifest (a crash or disk error damaged it)."""
+
+
 def load_checkpoint(path: Path) -> tuple[dict[str, torch.Tensor], dict]:
     """Adapter tensors and state, after checking every file against the manifest's checksums.
 
     The state is read with `weights_only=True`: tensors and plain containers, never code from the file.
     """
-    manifest = json.loads((path / MANIFEST).read_text())
-    for name, digest in manifest["files"].items():
-        if not (path / name).is_file() or _sha256(path / name) != digest:
-            raise ValueError(f"{path / name} does not match its checksum")
+    try:
+        manifest = json.loads((path / MANIFEST).read_text())
+        files = manifest["files"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise CorruptCheckpoint(f"{path / MANIFEST} is unreadable: {exc}") from exc
+    for name in (ADAPTER_FILE, STATE_FILE):
+        if name not in files or not (path / name).is_file() or _sha256(path / name) != files[name]:
+            raise CorruptCheckpoint(f"{path / name} does not match the checksum in its manifest")
     try:
         state = torch.load(path / STATE_FILE, weights_only=True, map_location="cpu")
     except Exception as exc:  # torch raises UnpicklingError for anything but plain data

@@ -19,7 +19,7 @@ from transformers import get_scheduler
 
 from . import rundir
 from .backends import get_backend
-from .checkpoint import load_checkpoint, save_checkpoint, write_json_atomic
+from .checkpoint import CorruptCheckpoint, checkpoint_dirs, load_checkpoint, save_checkpoint, write_json_atomic
 from .data import build_train_batches, eval_questions, train_questions
 from .divergence import DivergenceGuard, GoodState, all_finite, scale_lr
 from .errors import BadInput, Diverged
@@ -129,13 +129,29 @@ class Trainer:
 
 def train(recipe: Recipe, run_dir: Path, reporter: Reporter, resume: bool = False, force: bool = False,
           adapter_dir: Path | None = None) -> dict:
-    """Set up in dependency order (run dir, backend, model, data, optimizer, method, state), then loop."""
+    """Check the run dir, set up, restore a checkpoint if resuming, claim the run dir, then run the steps.
+
+    Nothing in `run_dir` changes until every check and the whole set-up have passed.
+    """
     run_dir = Path(run_dir)
     if recipe.data.user == "all":
         return train_per_user(recipe, run_dir, reporter, resume, force)
-    resume_from = rundir.check_resume(run_dir, recipe) if resume else None
-    if not resume:
+    if resume:
+        rundir.check_resume(run_dir, recipe)
+    else:
         rundir.check_fresh(run_dir, force)
+    trainer, loaded, held_out = build_trainer(recipe)
+    first_step, wall_before, notes = _resume(run_dir, trainer) if resume else (0, 0.0, [])
+    rundir.claim(run_dir, recipe, resume, first_step)
+    reporter.on_start({"recipe": recipe, "run_dir": run_dir, "first_step": first_step, "notes": notes,
+                       "params": sum(p.numel() for p in trainer.params), "layers": len(loaded.layers)})
+    return _run_steps(recipe, run_dir, trainer, loaded, held_out, reporter, first_step, wall_before,
+                      adapter_dir or run_dir / "adapter", notes)
+
+
+def build_trainer(recipe: Recipe):
+    """Set up in dependency order: threads and seed, backend, model, data, one AdamW over all LoRA
+    parameters (built before any block is frozen), LR schedule, method."""
     if recipe.train.threads:
         torch.set_num_threads(recipe.train.threads)
     torch.manual_seed(recipe.train.seed)
@@ -152,26 +168,25 @@ def train(recipe: Recipe, run_dir: Path, reporter: Reporter, resume: bool = Fals
         num_training_steps=recipe.train.max_steps,
     )
     method = build_method(recipe, loaded.model, loaded.layers, optimizer)
-    if not resume:
-        rundir.prepare_fresh(run_dir, recipe)
     trainer = Trainer(
         loaded.model, params, optimizer, lr_scheduler, method, batches, backend, recipe.train.grad_accum,
         recipe.train.max_grad_norm, recipe.train.autocast, recipe.divergence,
     )
-    first_step, wall_before = 0, 0.0
-    if resume_from is not None:
-        first_step, wall_before = _restore(resume_from, trainer)
-        rundir.truncate_metrics(run_dir / "metrics.jsonl", first_step)
+    return trainer, loaded, held_out
+
+
+def _run_steps(recipe, run_dir, trainer, loaded, held_out, reporter, first_step, wall_before, adapter_dir,
+               notes) -> dict:
     trainer.good.take()
     loaded.model.train()
-    reporter.on_start({"recipe": recipe, "run_dir": run_dir, "first_step": first_step,
-                       "params": sum(p.numel() for p in params), "layers": len(loaded.layers)})
     started = time.perf_counter()
     cfg = recipe.train
     diverged = None
     with open(run_dir / "metrics.jsonl", "a") as log:
+        for note in notes:
+            log.write(_json_line(note))
         for step in range(first_step, cfg.max_steps):
-            row = trainer.step(step)
+            row = _guarded_step(trainer, step, recipe)
             done = step + 1
             if done % cfg.log_every == 0 or done == cfg.max_steps or "event" in row:
                 log.write(_json_line(row))
@@ -191,14 +206,34 @@ def train(recipe: Recipe, run_dir: Path, reporter: Reporter, resume: bool = Fals
             if diverged:
                 break
     wall = wall_before + time.perf_counter() - started
-    _save_adapter(loaded.model, adapter_dir or run_dir / "adapter")
-    summary = summarize(rundir.read_metrics(run_dir / "metrics.jsonl"), method, wall)
+    _save_adapter(loaded.model, adapter_dir)
+    summary = summarize(rundir.read_metrics(run_dir / "metrics.jsonl"), trainer.method, wall)
     summary["diverged"] = diverged is not None
     write_json_atomic(run_dir / "summary.json", summary)
     reporter.on_end(summary)
     if diverged:
         raise diverged
     return summary
+
+
+def _guarded_step(trainer: Trainer, step: int, recipe: Recipe) -> dict:
+    """One step; running out of memory is the user's to fix (batch, length, K, checkpointing, quantization)."""
+    try:
+        return trainer.step(step)
+    except (torch.OutOfMemoryError, MemoryError, RuntimeError) as exc:
+        if isinstance(exc, RuntimeError) and not _is_allocation_failure(exc):
+            raise
+        peak = trainer.backend.peak_mem_mb()
+        raise BadInput(
+            f"out of memory at step {step + 1} (peak {peak:.0f} MB, batch {recipe.train.batch_size} x up to "
+            f"{recipe.data.max_length} tokens): lower train.batch_size or data.max_length, set "
+            "activation_checkpointing=true, raise lcsb.blocks, or quantize (quantization=nf4)"
+        ) from exc
+
+
+def _is_allocation_failure(exc: RuntimeError) -> bool:
+    text = str(exc)
+    return "can't allocate memory" in text or "out of memory" in text.lower()
 
 
 def train_per_user(recipe: Recipe, run_dir: Path, reporter: Reporter, resume: bool, force: bool) -> dict:
@@ -214,8 +249,7 @@ def train_per_user(recipe: Recipe, run_dir: Path, reporter: Reporter, resume: bo
     else:
         rundir.check_fresh(run_dir, force)
     user_ids = list(users(recipe))
-    if not resume:
-        rundir.prepare_fresh(run_dir, recipe)
+    rundir.claim(run_dir, recipe, resume, 0)
     summaries = {}
     for user_id in user_ids:
         sub_dir = run_dir / "users" / user_id
@@ -269,8 +303,24 @@ def _save(run_dir: Path, step: int, trainer: Trainer, wall_time_s: float) -> Non
     save_checkpoint(run_dir, step, get_peft_model_state_dict(trainer.model), state, keep=KEEP_CHECKPOINTS)
 
 
-def _restore(path: Path, trainer: Trainer) -> tuple[int, float]:
-    adapter, state = load_checkpoint(path)
+def _resume(run_dir: Path, trainer: Trainer) -> tuple[int, float, list[dict]]:
+    """Restore the newest intact checkpoint; a corrupt one (checksum mismatch) is skipped and reported."""
+    notes = []
+    for path in checkpoint_dirs(run_dir):
+        try:
+            adapter, state = load_checkpoint(path)
+        except CorruptCheckpoint as exc:
+            notes.append({"step": int(path.name.split("-")[1]), "event": "checkpoint_corrupt", "reason": str(exc)})
+            continue
+        _restore(adapter, state, trainer)
+        step = int(state["step"])
+        for note in notes:
+            note["resumed_from"] = step
+        return step, float(state["wall_time_s"]), notes
+    raise BadInput(f"{run_dir}: no intact checkpoint to resume from ({notes[-1]['reason'] if notes else 'none'})")
+
+
+def _restore(adapter: dict, state: dict, trainer: Trainer) -> None:
     set_peft_model_state_dict(trainer.model, adapter)
     trainer.optimizer.load_state_dict(state["optimizer"])
     trainer.lr_scheduler.load_state_dict(state["lr_scheduler"])
@@ -279,7 +329,6 @@ def _restore(path: Path, trainer: Trainer) -> tuple[int, float]:
     torch.set_rng_state(state["rng"]["torch"])
     if state["rng"]["cuda"]:
         torch.cuda.set_rng_state_all(state["rng"]["cuda"])
-    return int(state["step"]), float(state["wall_time_s"])
 
 
 def _save_adapter(model, target: Path) -> None:

@@ -8,6 +8,7 @@ import json
 import os
 import shutil
 import tempfile
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -121,6 +122,8 @@ def load_base(recipe: Recipe, device: torch.device):
     from transformers import AutoModelForCausalLM
 
     base_dir = resolve_base_dir(recipe.model.name)
+    if recipe.model.trust_remote_code:
+        warnings.warn(f"model.trust_remote_code is on: Python code shipped in {base_dir} will run", stacklevel=2)
     config = check_causal_lm(base_dir, recipe.model.trust_remote_code)
     dtype = DTYPES[recipe.model.dtype]
     model = AutoModelForCausalLM.from_pretrained(

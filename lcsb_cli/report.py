@@ -38,6 +38,9 @@ class RichReporter:
             f"{info['layers']} layers, {info['params']:,} LoRA params, backend {recipe.backend} -> {info['run_dir']}"
             + (f" [yellow](resumed at step {info['first_step']})[/]" if info["first_step"] else "")
         )
+        for note in info.get("notes", []):
+            self.console.print(f"[yellow]warning:[/] skipped checkpoint step-{note['step']}: {note['reason']}; "
+                               f"resuming from step-{note['resumed_from']}", highlight=False)
         if self.console.is_terminal:
             self.progress = Progress(
                 TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[status]}"),

@@ -40,8 +40,8 @@ def prepare_fresh(run_dir: Path, recipe: Recipe) -> None:
     write_text_atomic(run_dir / "config.yaml", dump(recipe))
 
 
-def check_resume(run_dir: Path, recipe: Recipe, need_checkpoint: bool = True) -> Path | None:
-    """The newest checkpoint to resume from, after checking the recipe matches the saved one."""
+def check_resume(run_dir: Path, recipe: Recipe, need_checkpoint: bool = True) -> None:
+    """A resume needs a run (with a checkpoint) made by the same recipe, up to RESUMABLE_CHANGES."""
     if need_checkpoint and not checkpoint_dirs(run_dir):
         raise BadInput(f"{run_dir}: no checkpoint to resume from (start a fresh run without --resume)")
     if not need_checkpoint and not (run_dir / "config.yaml").is_file():
@@ -51,9 +51,18 @@ def check_resume(run_dir: Path, recipe: Recipe, need_checkpoint: bool = True) ->
         if key not in RESUMABLE_CHANGES:
             raise BadInput(f"--resume: {key} differs from the run's config.yaml; only "
                            f"{', '.join(sorted(RESUMABLE_CHANGES))} may change on resume")
-    write_text_atomic(run_dir / "config.yaml", dump(recipe))
-    found = checkpoint_dirs(run_dir)
-    return found[0] if found else None
+
+
+
+def claim(run_dir: Path, recipe: Recipe, resume: bool, resumed_step: int) -> None:
+    """Take the checked run dir: a fresh run clears an old run's files (allowed by --force); both write the
+    resolved recipe; a resumed run drops metrics rows logged after its checkpoint."""
+    if resume:
+        write_text_atomic(run_dir / "config.yaml", dump(recipe))
+        if resumed_step:
+            truncate_metrics(run_dir / "metrics.jsonl", resumed_step)
+    else:
+        prepare_fresh(run_dir, recipe)
 
 
 def truncate_metrics(path: Path, last_step: int) -> list[dict]:

@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 
 from lcsb_cli import recipe as rc
 from lcsb_cli import rundir
+from lcsb_cli.checkpoint import checkpoint_dirs
 from lcsb_cli.cli import app
 from lcsb_cli.errors import BadInput
 
@@ -256,5 +257,8 @@ def test_check_resume_allows_only_harmless_changes(tmp_path):
         rundir.check_resume(run, rc.load_recipe(LAMP2, [f"output_dir={run}", "train.lr=5e-4"]))
     assert snapshot(run) == before  # a refused resume rewrites nothing
     longer = rc.load_recipe(LAMP2, [f"output_dir={run}", "train.max_steps=100"])
-    assert rundir.check_resume(run, longer) == run / "checkpoints" / "step-10"  # newest, numerically
+    rundir.check_resume(run, longer)
+    assert snapshot(run) == before  # checking writes nothing; claim() does, once set-up has passed
+    assert checkpoint_dirs(run)[0] == run / "checkpoints" / "step-10"  # newest, numerically
+    rundir.claim(run, longer, resume=True, resumed_step=0)
     assert rc.recipe_from_dict(yaml.safe_load((run / "config.yaml").read_text())) == longer
