@@ -117,6 +117,21 @@ def validate(recipe: RecipeArg, overrides: Overrides = None) -> None:
 
 @app.command()
 @handled
+def export(
+    run_dir: Annotated[Path, typer.Argument(help="A finished run directory.")],
+    output: Annotated[Path, typer.Option("--output", "-o", help="A new (or empty) directory to write.")],
+    merge: Annotated[bool, typer.Option("--merge", help="Write the base model with the adapter merged in.")] = False,
+    user: Annotated[Optional[str], typer.Option("--user", help="For a per-user run: whose adapter.")] = None,
+) -> None:
+    """Write a run's adapter (PEFT format) or, with --merge, a standalone merged model."""
+    from .export import export_run
+
+    written = export_run(run_dir, output, merge, user)
+    out.print(f"{'merged model' if merge else 'adapter'} written to {written}", highlight=False)
+
+
+@app.command()
+@handled
 def recipes() -> None:
     """List the shipped recipes."""
     for path in sorted(RECIPES_DIR.glob("*.yaml")):
