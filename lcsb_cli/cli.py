@@ -117,6 +117,29 @@ def validate(recipe: RecipeArg, overrides: Overrides = None) -> None:
 
 @app.command()
 @handled
+def bench(
+    recipe: RecipeArg,
+    overrides: Overrides = None,
+    compare: Annotated[list[str], typer.Option("--compare", help="A method to set against the recipe's: full-backprop, full-backprop+ckpt, freeze, lisa, mezo, hf-trainer, hf-trainer:bf16, lcsb:K. Repeatable.")] = [],  # noqa: B006
+    steps: Annotated[int, typer.Option("--steps", min=1, help="Timed steps per method.")] = 8,
+    warmup: Annotated[int, typer.Option("--warmup", min=0, help="Untimed steps per method first.")] = 2,
+    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Where bench.json, bench.md and loss_curves.png go (default: OUTPUT_DIR/bench).")] = None,
+    evaluate: Annotated[bool, typer.Option("--eval/--no-eval", help="Evaluate each method on the recipe's eval set afterwards.")] = False,
+) -> None:
+    """Methods side by side on one recipe: interleaved timed steps, one process per method."""
+    from .bench import method_names, run_bench
+    from .report import bench_table
+
+    loaded = load_recipe(recipe_path(recipe), overrides or [])
+    if not compare:
+        raise BadInput("--compare: name at least one method, e.g. --compare full-backprop")
+    method_names(loaded, compare)
+    result = run_bench(loaded, compare, steps, warmup, output or Path(loaded.output_dir) / "bench", evaluate)
+    out.print(bench_table(result))
+
+
+@app.command()
+@handled
 def export(
     run_dir: Annotated[Path, typer.Argument(help="A finished run directory.")],
     output: Annotated[Path, typer.Option("--output", "-o", help="A new (or empty) directory to write.")],

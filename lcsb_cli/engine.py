@@ -26,7 +26,7 @@ from .errors import BadInput, Diverged
 from .evaluate import evaluate_questions
 from .methods import build_method
 from .models import load_model, lora_parameters
-from .recipe import Recipe
+from .recipe import Recipe, check_layer_counts
 
 KEEP_CHECKPOINTS = 3
 
@@ -76,14 +76,39 @@ class Trainer:
         active = self.method.begin_step()
         micro = [self._to_device(self.batches.batch(step * self.grad_accum + i)) for i in range(self.grad_accum)]
         n_targets = max(sum(target_tokens(b) for b in micro), 1)
+        lr = self.lr_scheduler.get_last_lr()[0]
+        if self.method.zeroth_order:
+            loss, grad_norm, problem, timing = self._zeroth_order_update(micro, n_targets, lr)
+        else:
+            loss, grad_norm, problem, timing = self._backprop_update(micro, n_targets, active)
+        outcome = self._handle(problem) if problem else {}
+        self.lr_scheduler.step()
+        self.backend.synchronize()
+        elapsed = time.perf_counter() - start
+        tokens = int(sum(int(b["attention_mask"].sum()) for b in micro))
+        return {
+            "step": step + 1, "loss": loss, "lr": lr, "grad_norm": grad_norm, "tokens": tokens,
+            "tokens_per_s": tokens / elapsed, "step_time_s": elapsed, "peak_mem_mb": self.backend.peak_mem_mb(),
+            "active_block": active, "method": self.method.name, **timing, **outcome,
+        }
+
+    def _backprop_update(self, micro: list[dict], n_targets: int, active: int | None):
         loss = torch.zeros((), device=self.backend.device)
+        forward_s = backward_s = 0.0
         for batch in micro:
+            mark = time.perf_counter()
             with self.backend.autocast(self.autocast):
                 summed = self.loss_fn(self.model, batch)
+            self.backend.synchronize()
+            forward_s += time.perf_counter() - mark
+            mark = time.perf_counter()
             (summed / n_targets).backward()
+            self.backend.synchronize()
+            backward_s += time.perf_counter() - mark
             loss += summed.detach()
         loss = float(loss) / n_targets
         grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, self.max_grad_norm or math.inf))
+        self.method.after_backward(active, grad_norm)
         problem = self.guard.check(loss, grad_norm)
         if problem is None:
             if self.guard.spikes == 0:
@@ -93,17 +118,20 @@ class Trainer:
             if not all_finite(self.params):
                 problem = "the update made the weights non-finite"
         self.optimizer.zero_grad(set_to_none=True)
-        outcome = self._handle(problem) if problem else {}
-        lr = self.lr_scheduler.get_last_lr()[0]
-        self.lr_scheduler.step()
-        self.backend.synchronize()
-        elapsed = time.perf_counter() - start
-        tokens = int(sum(int(b["attention_mask"].sum()) for b in micro))
-        return {
-            "step": step + 1, "loss": loss, "lr": lr, "grad_norm": grad_norm, "tokens": tokens,
-            "tokens_per_s": tokens / elapsed, "step_time_s": elapsed, "peak_mem_mb": self.backend.peak_mem_mb(),
-            "active_block": active, "method": self.method.name, **outcome,
-        }
+        return loss, grad_norm, problem, {"forward_s": forward_s, "backward_s": backward_s}
+
+    def _zeroth_order_update(self, micro: list[dict], n_targets: int, lr: float):
+        def loss_at() -> float:
+            with self.backend.autocast(self.autocast):
+                return float(sum(self.loss_fn(self.model, batch) for batch in micro)) / n_targets
+
+        if self.guard.spikes == 0:
+            self.good.take()
+        loss, grad_norm = self.method.zeroth_order_step(loss_at, lr)
+        problem = self.guard.check(loss, grad_norm)
+        if problem is None and not all_finite(self.params):
+            problem = "the update made the weights non-finite"
+        return loss, grad_norm, problem, {}
 
     def _handle(self, problem: str) -> dict:
         """Apply the divergence action; the update of the offending step never stays in the weights."""
@@ -157,12 +185,12 @@ def build_trainer(recipe: Recipe):
     torch.manual_seed(recipe.train.seed)
     backend = get_backend(recipe.backend)
     loaded = load_model(recipe, backend.device)
-    if recipe.lcsb.blocks > len(loaded.layers):
-        raise BadInput(f"lcsb.blocks: {recipe.lcsb.blocks} is more than the model's {len(loaded.layers)} layers")
+    check_layer_counts(recipe, len(loaded.layers))
     batches = build_train_batches(recipe, loaded.tokenizer, train_questions(recipe))
     held_out = eval_questions(recipe) if recipe.train.eval_every else []
     params = lora_parameters(loaded.model)
-    optimizer = torch.optim.AdamW(params, lr=recipe.train.lr, weight_decay=recipe.train.weight_decay)
+    lr = recipe.mezo.lr if recipe.method == "mezo" else recipe.train.lr
+    optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=recipe.train.weight_decay)
     lr_scheduler = get_scheduler(
         recipe.train.lr_scheduler, optimizer, num_warmup_steps=recipe.train.warmup_steps,
         num_training_steps=recipe.train.max_steps,

@@ -1,4 +1,9 @@
-"""Training methods behind one small interface, all driven by the same engine loop."""
+"""Training methods behind one small interface, all driven by the same engine loop.
+
+A method says which block trains this step (`begin_step`), sees the step's gradient norm (`after_backward`),
+may touch the optimizer step (`before_optimizer_step`), and keeps its own resumable state. MeZO, which has
+no backward pass, supplies the whole update through `zeroth_order_step`.
+"""
 
 from __future__ import annotations
 
@@ -9,18 +14,16 @@ from .recipe import Recipe
 from .selective import BlockSchedule, IdleMomentum, SelectiveLayers, partition
 
 
-class FullBackprop:
-    """Every layer trains every step; `activation_checkpointing` recomputes each layer in backward."""
-
-    name = "full-backprop"
+class Method:
+    name = "method"
     blocks = 1
-
-    def __init__(self, model: nn.Module, checkpointing: bool):
-        if checkpointing:
-            model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    zeroth_order = False
 
     def begin_step(self) -> int | None:
         return None
+
+    def after_backward(self, active: int | None, grad_norm: float) -> None:
+        pass
 
     def before_optimizer_step(self, active: int | None) -> None:
         pass
@@ -32,7 +35,16 @@ class FullBackprop:
         pass
 
 
-class Lcsb:
+class FullBackprop(Method):
+    """Every layer trains every step; `activation_checkpointing` recomputes each layer in backward (MeBP)."""
+
+    def __init__(self, model: nn.Module, checkpointing: bool):
+        self.name = "full-backprop+ckpt" if checkpointing else "full-backprop"
+        if checkpointing:
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+
+
+class Lcsb(Method):
     """Layer-cyclic selective backprop: one block of layers trains per step (DESIGN.md, LCSB semantics)."""
 
     name = "lcsb"
@@ -52,6 +64,9 @@ class Lcsb:
         self.selective.activate(block)
         return block
 
+    def after_backward(self, active: int | None, grad_norm: float) -> None:
+        self.schedule.observe(active, grad_norm)
+
     def before_optimizer_step(self, active: int | None) -> None:
         if self.idle is not None:
             self.idle.before_step(active)
@@ -63,7 +78,98 @@ class Lcsb:
         self.schedule.load_state_dict(state["schedule"])
 
 
+def _layer_params(layers: nn.ModuleList) -> list[list[nn.Parameter]]:
+    return [[p for p in layer.parameters() if p.requires_grad] for layer in layers]
+
+
+class Freeze(Method):
+    """The paper's Freeze baseline: only the top `freeze.layers` layers' LoRA trains; backward stops there."""
+
+    name = "freeze"
+
+    def __init__(self, layers: nn.ModuleList, top: int):
+        for params in _layer_params(layers)[: len(layers) - top]:
+            for p in params:
+                p.requires_grad_(False)
+
+
+class Lisa(Method):
+    """LISA: `lisa.layers` layers, drawn at random every `lisa.interval` steps, train; the others' LoRA is frozen
+    (gradients still flow through layers above the lowest trained one). The draw and its RNG are checkpointed."""
+
+    name = "lisa"
+
+    def __init__(self, layers: nn.ModuleList, count: int, interval: int, seed: int):
+        self.params = _layer_params(layers)
+        self.count, self.interval = count, interval
+        self.generator = torch.Generator().manual_seed(seed)
+        self.step, self.chosen = 0, []
+
+    def begin_step(self) -> None:
+        if self.step % self.interval == 0 or not self.chosen:
+            self.chosen = sorted(torch.randperm(len(self.params), generator=self.generator)[: self.count].tolist())
+        self.step += 1
+        for index, params in enumerate(self.params):
+            for p in params:
+                p.requires_grad_(index in self.chosen)
+        return None
+
+    def state_dict(self) -> dict:
+        return {"step": self.step, "chosen": list(self.chosen), "rng": self.generator.get_state()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.step, self.chosen = int(state["step"]), [int(i) for i in state["chosen"]]
+        self.generator.set_state(state["rng"])
+
+
+class Mezo(Method):
+    """MeZO (Malladi et al. 2023): forward-only SPSA on the LoRA parameters.
+
+    With z ~ N(0, I) regenerated from a per-step seed (never stored):
+        g = (L(theta + eps z) - L(theta - eps z)) / (2 eps);   theta <- theta - lr * g * z
+    Two forwards per step, no backward, no optimizer state; the step's seeds come from a checkpointed RNG.
+    """
+
+    name = "mezo"
+    zeroth_order = True
+
+    def __init__(self, params: list[nn.Parameter], eps: float, seed: int):
+        self.params, self.eps = params, eps
+        self.generator = torch.Generator().manual_seed(seed)
+
+    def zeroth_order_step(self, loss_at, lr: float) -> tuple[float, float]:
+        """(loss at theta, |projected gradient|); `loss_at()` returns the step's loss at the current weights."""
+        seed = int(torch.randint(0, 2**62, (1,), generator=self.generator))
+        with torch.no_grad():
+            self._perturb(seed, self.eps)
+            plus = loss_at()
+            self._perturb(seed, -2 * self.eps)
+            minus = loss_at()
+            self._perturb(seed, self.eps)
+            projected = (plus - minus) / (2 * self.eps)
+            self._perturb(seed, -lr * projected)
+        return (plus + minus) / 2, abs(projected)
+
+    def _perturb(self, seed: int, scale: float) -> None:
+        generator = torch.Generator(device=self.params[0].device).manual_seed(seed)
+        for p in self.params:
+            p.add_(torch.randn(p.shape, generator=generator, device=p.device, dtype=p.dtype), alpha=scale)
+
+    def state_dict(self) -> dict:
+        return {"rng": self.generator.get_state()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.generator.set_state(state["rng"])
+
+
 def build_method(recipe: Recipe, model: nn.Module, layers: nn.ModuleList, optimizer: torch.optim.Optimizer):
+    params = [p for group in optimizer.param_groups for p in group["params"]]
     if recipe.method == "full-backprop":
         return FullBackprop(model, recipe.activation_checkpointing)
+    if recipe.method == "freeze":
+        return Freeze(layers, recipe.freeze.layers)
+    if recipe.method == "lisa":
+        return Lisa(layers, recipe.lisa.layers, recipe.lisa.interval, recipe.train.seed)
+    if recipe.method == "mezo":
+        return Mezo(params, recipe.mezo.eps, recipe.train.seed)
     return Lcsb(layers, optimizer, recipe)

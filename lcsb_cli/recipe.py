@@ -71,6 +71,23 @@ class TrainConfig:
 
 
 @dataclass
+class FreezeConfig:
+    layers: int = 6  # LoRA trains on the top this many layers only
+
+
+@dataclass
+class LisaConfig:
+    layers: int = 2  # layers trained at a time
+    interval: int = 20  # steps between fresh random draws
+
+
+@dataclass
+class MezoConfig:
+    eps: float = 1e-3  # SPSA perturbation scale
+    lr: float = 1e-6  # MeZO's own learning rate (train.lr is for the gradient methods)
+
+
+@dataclass
 class DivergenceConfig:
     action: str = "rollback"  # stop | skip | rollback
     spike_factor: float = 4.0  # a loss above this x the running median of recent losses is a spike
@@ -97,6 +114,9 @@ class Recipe:
     backend: str = "cpu"
     data: DataConfig = field(default_factory=DataConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    freeze: FreezeConfig = field(default_factory=FreezeConfig)
+    lisa: LisaConfig = field(default_factory=LisaConfig)
+    mezo: MezoConfig = field(default_factory=MezoConfig)
     divergence: DivergenceConfig = field(default_factory=DivergenceConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     output_dir: str | None = None  # default: runs/NAME
@@ -105,8 +125,8 @@ class Recipe:
 CHOICES = {
     "model.dtype": ("float32", "bfloat16"),
     "quantization": ("none", "int8", "nf4", "fp4"),
-    "method": ("lcsb", "full-backprop"),
-    "lcsb.schedule": ("cyclic", "reverse", "random"),
+    "method": ("lcsb", "full-backprop", "freeze", "lisa", "mezo"),
+    "lcsb.schedule": ("cyclic", "reverse", "random", "adaptive"),
     "lcsb.upper_path": ("identity", "exact"),
     "lcsb.idle_update": ("momentum", "none"),
     "backend": ("cpu", "cuda", "npu-sim"),
@@ -121,7 +141,7 @@ MINIMUMS = {
     "train.grad_accum": 1, "train.warmup_steps": 0, "train.log_every": 1, "train.save_every": 0,
     "train.threads": 0, "train.eval_every": 0, "data.profile_k": 0, "eval.batch_size": 1,
     "eval.max_new_tokens": 1, "divergence.spike_factor": 1.0, "divergence.patience": 1,
-    "divergence.lr_backoff": 0.0, "lora.dropout": 0.0, "train.weight_decay": 0.0, "train.max_grad_norm": 0.0,
+    "divergence.lr_backoff": 0.0, "freeze.layers": 1, "lisa.layers": 1, "lisa.interval": 1, "lora.dropout": 0.0, "train.weight_decay": 0.0, "train.max_grad_norm": 0.0,
 }
 PATH_KEYS = ("data.train", "data.train_labels", "data.eval", "data.eval_labels")
 
@@ -178,6 +198,8 @@ def validate(recipe: Recipe) -> None:
         raise BadInput(f"divergence.lr_backoff: {recipe.divergence.lr_backoff} must be in (0, 1]")
     if recipe.lora.dropout >= 1:
         raise BadInput(f"lora.dropout: {recipe.lora.dropout} must be below 1")
+    if recipe.mezo.eps <= 0 or recipe.mezo.lr <= 0:
+        raise BadInput("mezo.eps and mezo.lr must be positive")
     if recipe.train.lr <= 0:
         raise BadInput(f"train.lr: {recipe.train.lr} must be positive")
     if recipe.backend == "npu-sim":
@@ -188,6 +210,14 @@ def validate(recipe: Recipe) -> None:
         raise BadInput("data.train: no training file given (a LaMP-2 *_questions.json)")
     if recipe.data.user is not None and recipe.data.eval is None:
         raise BadInput("data.eval: per-user runs (data.user) need the users' questions file")
+
+
+def check_layer_counts(recipe: Recipe, num_layers: int) -> None:
+    """The ranges that depend on the model: K and the layer counts of freeze and lisa."""
+    keys = {"lcsb": "lcsb.blocks", "freeze": "freeze.layers", "lisa": "lisa.layers"}
+    key = keys.get(recipe.method)
+    if key and get_key(recipe, key) > num_layers:
+        raise BadInput(f"{key}: {get_key(recipe, key)} is more than the model's {num_layers} decoder layers")
 
 
 def replace_key(recipe: Recipe, dotted: str, value) -> Recipe:

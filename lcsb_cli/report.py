@@ -85,3 +85,16 @@ def eval_table(result: dict) -> Table:
     table.add_row(f"{result['accuracy']:.4f}", f"{result['macro_f1']:.4f}", f"{result['majority_accuracy']:.4f}",
                   str(result["out_of_label"]))
     return table
+
+
+def bench_table(result: dict) -> Table:
+    table = Table(title=f"lcsb bench (baseline {result['baseline']})")
+    for column in ("method", "median step s", "tokens/s", "peak MB", "final loss", "speedup", "efficiency", "eval acc"):
+        table.add_column(column, justify="right" if column != "method" else "left")
+    for m in result["methods"]:
+        table.add_row(
+            m["name"], f"{m['median_step_time_s']:.3f}", f"{m['tokens_per_s']:.0f}", f"{m['peak_mem_mb']:.0f}",
+            f"{m['final_loss']:.4f}", f"{m['speedup']:.2f}x", f"{m['efficiency']:.2f}" if "efficiency" in m else "",
+            f"{m['eval']['accuracy']:.3f}" if m["eval"] else "",
+        )
+    return table

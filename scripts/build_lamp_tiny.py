@@ -34,7 +34,7 @@ def packed_sequences(tokenizer, docs: list[str], length: int) -> torch.Tensor:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=PRESET_DIR / "lamp-tiny")
-    parser.add_argument("--steps", type=int, default=700)
+    parser.add_argument("--steps", type=int, default=500)
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--length", type=int, default=256)
     parser.add_argument("--lr", type=float, default=2e-3)
@@ -79,8 +79,9 @@ def model_card(args, spec, data: torch.Tensor, final_loss: float, seconds: float
 
 A small Qwen2-style causal LM pretrained by `scripts/build_lamp_tiny.py` on the project's synthetic movie
 corpus (`lcsb_cli.data.synthetic.pretrain_documents`: runs of `the tag for the movie: "..." is "..."`
-statements by synthetic users with their own tag habits, and plain movie blurbs). It never saw LaMP's question
-format; the LaMP-2 recipe's fine-tuning teaches that. Weights are bf16 safetensors.
+statements by synthetic users with their own tag habits, LaMP-2 questions answered with a user's tag, and plain
+movie blurbs). Its users are not the sample's, and it never saw a question beside its asker's profile: it knows
+a population's cue -> tag habits, not any one user's. Weights are bf16 safetensors.
 
 - shape: {spec['config']}
 - parameters: about {params / 1e6:.1f}M

@@ -275,19 +275,28 @@ def corpus_lines(seed: int = 0) -> list[str]:
 
 
 def pretrain_documents(seed: int, count: int) -> list[str]:
-    """Text for the built-in base model: users' runs of tag statements, and plain blurbs.
+    """Text for the built-in base model: users' runs of tag statements, LaMP-2 questions answered with
+    a user's tag, and plain blurbs.
 
     Users here are fresh (another seed than the sample's), so the base learns the cue -> tag habits of a
-    population and, from each document's consistent habit, to follow a user's earlier statements; it never
-    sees LaMP's question format, which fine-tuning teaches.
+    population, the question format, and, from each run of statements' consistent habit, to follow a user's
+    earlier statements. It never sees a question next to its asker's statements: using a user's profile for a
+    question is what personalization (profile retrieval, per-user fine-tuning) adds.
     """
     builder = _Builder(seed + 7919)
     docs = []
     for _ in range(count):
-        if builder.rng.random() < 0.25:
+        kind = builder.rng.random()
+        if kind < 0.2:
             docs.append(blurb(builder.rng, builder.rng.choice(GROUPS)))
             continue
         habit, weights = _user(builder.rng)
+        if kind < 0.45:
+            text, tag = builder.item(habit, weights)
+            tags = list(TAGS)
+            builder.rng.shuffle(tags)
+            docs.append(format_input(tags, text) + ANSWER_CUE + " " + tag)
+            continue
         items = [builder.item(habit, weights) for _ in range(builder.rng.randint(2, 5))]
         docs.append("\n".join(profile_statement(text, tag) for text, tag in items))
     return docs

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 
-SCHEDULES = ("cyclic", "reverse", "random")
+SCHEDULES = ("cyclic", "reverse", "random", "adaptive")
+EMA = 0.7  # weight of the previous estimate in a block's gradient-norm average
 
 
 def partition(num_layers: int, num_blocks: int) -> list[range]:
@@ -23,7 +24,10 @@ def partition(num_layers: int, num_blocks: int) -> list[range]:
 class BlockSchedule:
     """Picks the active block for each step; `random` draws a fresh permutation of the blocks per cycle.
 
-    The schedule is a pure function of its state, so `state_dict()` is all a checkpoint needs.
+    `adaptive` visits every block once, then picks the block with the largest EMA of its gradient norm
+    weighted by how long it has waited, `ema * (1 + waited / K)`; a block idle for 2K steps is taken
+    regardless, so none starves. The schedule is a pure function of its state, so `state_dict()` is all a
+    checkpoint needs.
     """
 
     def __init__(self, num_blocks: int, kind: str = "cyclic", seed: int = 0):
@@ -33,25 +37,50 @@ class BlockSchedule:
         self.generator = torch.Generator().manual_seed(seed)
         self.step = 0
         self.order: list[int] = []
+        self.grad_ema = [0.0] * num_blocks
+        self.last_step = [-1] * num_blocks
+
+    def observe(self, block: int, grad_norm: float) -> None:
+        """Record the gradient norm the block had on its step (used by `adaptive`)."""
+        previous = self.grad_ema[block]
+        self.grad_ema[block] = grad_norm if previous == 0.0 else EMA * previous + (1 - EMA) * grad_norm
 
     def next_block(self) -> int:
         """The block for the current step; advances the schedule by one step."""
+        if self.kind == "adaptive" and self.step >= self.num_blocks:
+            block = self._adaptive_block()
+        else:
+            block = self._ordered_block()
+        self.last_step[block] = self.step
+        self.step += 1
+        return block
+
+    def _adaptive_block(self) -> int:
+        waited = [self.step - last for last in self.last_step]
+        starving = [b for b in range(self.num_blocks) if waited[b] >= 2 * self.num_blocks]
+        if starving:
+            return max(starving, key=lambda b: waited[b])
+        return max(range(self.num_blocks), key=lambda b: self.grad_ema[b] * (1 + waited[b] / self.num_blocks))
+
+    def _ordered_block(self) -> int:
         position = self.step % self.num_blocks
         if position == 0 or not self.order:
             self.order = self._cycle_order()
-        self.step += 1
         return self.order[position]
 
     def _cycle_order(self) -> list[int]:
-        if self.kind == "cyclic":
+        if self.kind in ("cyclic", "adaptive"):
             return list(range(self.num_blocks))
         if self.kind == "reverse":
             return list(reversed(range(self.num_blocks)))
         return torch.randperm(self.num_blocks, generator=self.generator).tolist()
 
     def state_dict(self) -> dict:
-        return {"step": self.step, "order": list(self.order), "rng": self.generator.get_state()}
+        return {"step": self.step, "order": list(self.order), "rng": self.generator.get_state(),
+                "grad_ema": list(self.grad_ema), "last_step": list(self.last_step)}
 
     def load_state_dict(self, state: dict) -> None:
         self.step, self.order = int(state["step"]), [int(b) for b in state["order"]]
         self.generator.set_state(state["rng"])
+        self.grad_ema = [float(x) for x in state["grad_ema"]]
+        self.last_step = [int(x) for x in state["last_step"]]

@@ -1,0 +1,168 @@
+"""`lcsb bench`: the recipe's method and each compared method on the same data, seed and model, with
+interleaved timed steps, one worker process per method."""
+
+from __future__ import annotations
+
+import multiprocessing
+import statistics
+from pathlib import Path
+
+from .checkpoint import write_json_atomic, write_text_atomic
+from .errors import BadInput
+from .recipe import Recipe, replace_key, to_dict
+
+FIXED = ("full-backprop", "full-backprop+ckpt", "freeze", "lisa", "mezo", "hf-trainer", "hf-trainer:bf16")
+BASELINE = "full-backprop"
+
+
+def method_names(recipe: Recipe, compare: list[str]) -> list[str]:
+    own = f"lcsb:{recipe.lcsb.blocks}" if recipe.method == "lcsb" else recipe.method
+    for name in compare:
+        if name not in FIXED and not _is_lcsb(name):
+            raise BadInput(f"--compare: unknown method {name!r}; choose from {', '.join(FIXED)}, lcsb:K")
+    return list(dict.fromkeys([own, *compare]))
+
+
+def _is_lcsb(name: str) -> bool:
+    return name.startswith("lcsb:") and name[5:].isdigit() and int(name[5:]) >= 1
+
+
+def method_recipe(recipe: Recipe, name: str) -> Recipe:
+    if _is_lcsb(name):
+        return replace_key(replace_key(recipe, "method", "lcsb"), "lcsb.blocks", int(name[5:]))
+    if name == "full-backprop+ckpt":
+        return replace_key(replace_key(recipe, "method", "full-backprop"), "activation_checkpointing", True)
+    if name.startswith("hf-trainer"):
+        return replace_key(recipe, "activation_checkpointing", False)
+    return replace_key(recipe, "method", name)
+
+
+def run_bench(recipe: Recipe, compare: list[str], steps: int, warmup: int, output: Path, evaluate: bool,
+              reporter=None) -> dict:
+    names = method_names(recipe, compare)
+    if recipe.backend != "cpu" and any(n.startswith("hf-trainer") for n in names):
+        raise BadInput("--compare hf-trainer runs on the cpu backend only")
+    workers = {name: _Worker(name, method_recipe(recipe, name), warmup + steps) for name in names}
+    try:
+        for worker in workers.values():
+            worker.setup = worker.receive()
+        for index in range(warmup + steps):
+            for name, worker in workers.items():  # interleaved: A B C A B C ...
+                row = worker.ask("step", index)
+                worker.rows.append(row)
+                if reporter:
+                    reporter(name, row)
+        evals = {name: worker.ask("eval", None) if evaluate else None for name, worker in workers.items()}
+    finally:
+        for worker in workers.values():
+            worker.close()
+    result = summarize_bench(names, {n: w.rows[warmup:] for n, w in workers.items()},
+                             {n: w.rows for n, w in workers.items()}, evals)
+    output.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(output / "bench.json", result)
+    write_text_atomic(output / "bench.md", bench_markdown(result, recipe, steps, warmup))
+    plot_loss_curves({n: w.rows for n, w in workers.items()}, output / "loss_curves.png")
+    return result
+
+
+class _Worker:
+    def __init__(self, name: str, recipe: Recipe, total_steps: int):
+        from .bench_workers import hf_trainer_worker, lcsb_worker
+
+        context = multiprocessing.get_context("spawn")
+        self.name = name
+        self.conn, child = context.Pipe()
+        if name.startswith("hf-trainer"):
+            target, args = hf_trainer_worker, (child, to_dict(recipe), name.endswith(":bf16"), total_steps)
+        else:
+            target, args = lcsb_worker, (child, to_dict(recipe))
+        self.process = context.Process(target=target, args=args, daemon=True)
+        self.process.start()
+        self.rows: list[dict] = []
+        self.setup: dict = {}
+
+    def ask(self, command: str, arg):
+        self.conn.send((command, arg))
+        return self.receive()
+
+    def receive(self):
+        try:
+            if self.conn.poll(3600):
+                return self.conn.recv()
+        except EOFError:
+            pass
+        raise RuntimeError(f"the bench worker for {self.name} stopped (its error is printed above)")
+
+    def close(self) -> None:
+        try:
+            self.conn.send(("stop", None))
+        except (BrokenPipeError, OSError):
+            pass
+        self.process.join(timeout=30)
+        if self.process.is_alive():
+            self.process.kill()
+
+
+def summarize_bench(names: list[str], timed: dict[str, list[dict]], all_rows: dict[str, list[dict]],
+                    evals: dict) -> dict:
+    medians = {n: statistics.median(r["step_time_s"] for r in timed[n]) for n in names}
+    baseline = BASELINE if BASELINE in names else names[0]
+    result = {"baseline": baseline, "methods": []}
+    base_rows = timed[baseline]
+    if baseline == BASELINE and "forward_s" in base_rows[0]:
+        result["forward_s"] = statistics.median(r["forward_s"] for r in base_rows)
+        result["backward_s"] = statistics.median(r["backward_s"] for r in base_rows)
+    for name in names:
+        rows = timed[name]
+        entry = {
+            "name": name, "median_step_time_s": medians[name],
+            "tokens_per_s": sum(r["tokens"] for r in rows) / sum(r["step_time_s"] for r in rows),
+            "peak_mem_mb": max(r["peak_mem_mb"] for r in all_rows[name]),
+            "final_loss": all_rows[name][-1]["loss"], "eval": evals.get(name),
+            "diverged": any(r.get("event") in ("diverged", "rollback") for r in all_rows[name]),
+            "speedup": medians[baseline] / medians[name],
+        }
+        if _is_lcsb(name) and "forward_s" in result:
+            f, b, k = result["forward_s"], result["backward_s"], int(name[5:])
+            entry["ceiling"] = (f + b) / (f + b / k)
+            entry["efficiency"] = entry["speedup"] / entry["ceiling"]
+        result["methods"].append(entry)
+    return result
+
+
+def bench_markdown(result: dict, recipe: Recipe, steps: int, warmup: int) -> str:
+    lines = [f"# lcsb bench: {recipe.name}", "",
+             f"Model {recipe.model.name} ({recipe.model.dtype}, quantization {recipe.quantization}), batch "
+             f"{recipe.train.batch_size}, autocast {recipe.train.autocast}, backend {recipe.backend}; {steps} timed "
+             f"steps per method after {warmup} warm-up steps, interleaved; baseline {result['baseline']}.", ""]
+    if "forward_s" in result:
+        lines += [f"Full backprop: forward {result['forward_s']:.3f} s, backward {result['backward_s']:.3f} s "
+                  "(medians); an lcsb:K ceiling is (F+B)/(F+B/K).", ""]
+    lines += ["| method | median step (s) | tokens/s | peak RSS (MB) | final loss | speedup | efficiency | eval acc |",
+              "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for m in result["methods"]:
+        eff = f"{m['efficiency']:.2f}" if "efficiency" in m else ""
+        acc = f"{m['eval']['accuracy']:.3f}" if m["eval"] else ""
+        lines.append(f"| {m['name']} | {m['median_step_time_s']:.3f} | {m['tokens_per_s']:.0f} | "
+                     f"{m['peak_mem_mb']:.0f} | {m['final_loss']:.4f} | {m['speedup']:.2f}x | {eff} | {acc} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot_loss_curves(rows: dict[str, list[dict]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (by_step, by_time) = plt.subplots(1, 2, figsize=(11, 4))
+    for name, method_rows in rows.items():
+        losses = [r["loss"] for r in method_rows]
+        clock = [sum(r["step_time_s"] for r in method_rows[: i + 1]) for i in range(len(method_rows))]
+        by_step.plot(range(1, len(losses) + 1), losses, label=name)
+        by_time.plot(clock, losses, label=name)
+    by_step.set(xlabel="step", ylabel="training loss", title="loss vs step")
+    by_time.set(xlabel="training time (s)", ylabel="training loss", title="loss vs wall time")
+    by_step.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

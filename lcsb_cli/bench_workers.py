@@ -1,0 +1,105 @@
+"""Bench workers: one process per method, stepping only when the coordinator says so.
+
+Each method lives in its own spawned process so its peak RSS is its own (a process's peak only rises), and the
+coordinator interleaves their timed steps (A B A B ...) so drift on a shared machine hits all alike.
+"""
+
+from __future__ import annotations
+
+import resource
+import tempfile
+import time
+
+import torch
+
+
+def _rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def lcsb_worker(conn, recipe_dict: dict) -> None:
+    """Steps of the engine's own Trainer (lcsb, full-backprop, freeze, lisa, mezo)."""
+    from .engine import build_trainer
+    from .recipe import recipe_from_dict
+
+    recipe = recipe_from_dict(recipe_dict)
+    trainer, loaded, _ = build_trainer(recipe)
+    trainer.good.take()
+    loaded.model.train()
+    conn.send({"setup_mem_mb": _rss_mb()})
+    while True:
+        command, arg = conn.recv()
+        if command == "step":
+            row = trainer.step(arg)
+            conn.send({**row, "peak_mem_mb": _rss_mb() if trainer.backend.name == "cpu" else row["peak_mem_mb"]})
+        elif command == "eval":
+            conn.send(_evaluate(loaded.model, loaded.tokenizer, recipe))
+            loaded.model.train()
+        else:
+            conn.send(None)
+            return
+
+
+def hf_trainer_worker(conn, recipe_dict: dict, bf16: bool, total: int) -> None:
+    """A plain transformers.Trainer + peft LoRA on the same model and batches, in its default setup (fp32,
+    or bf16=True); a callback lets the coordinator start each step and reads its time and loss."""
+    from transformers import Trainer, TrainerCallback, TrainingArguments
+    from transformers.trainer_callback import PrinterCallback
+
+    from .data import build_train_batches
+    from .data.batching import collate
+    from .models import load_model
+    from .recipe import recipe_from_dict
+
+    recipe = recipe_from_dict(recipe_dict)
+    torch.manual_seed(recipe.train.seed)
+    loaded = load_model(recipe, torch.device("cpu"))
+    stream = build_train_batches(recipe, loaded.tokenizer)
+    order = [i for step in range(total) for i in stream.indices(step)]  # the same examples, step for step
+
+    class Timed(TrainerCallback):
+        def on_step_begin(self, args, state, control, **kwargs):
+            conn.recv()
+            self.start = time.perf_counter()
+
+        def on_step_end(self, args, state, control, **kwargs):
+            self.elapsed = time.perf_counter() - self.start
+
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            if logs and "loss" in logs:
+                step = state.global_step
+                tokens = sum(len(stream.dataset[i]["input_ids"]) for i in order[(step - 1) * recipe.train.batch_size:
+                                                                                  step * recipe.train.batch_size])
+                conn.send({"step": step, "loss": logs["loss"], "step_time_s": self.elapsed, "tokens": tokens,
+                           "tokens_per_s": tokens / self.elapsed, "peak_mem_mb": _rss_mb()})
+
+    class InOrder(Trainer):
+        def _get_train_sampler(self, train_dataset=None):
+            return torch.utils.data.SequentialSampler(self.train_dataset)
+
+    args = TrainingArguments(
+        output_dir=tempfile.mkdtemp(prefix="lcsb-hf-trainer-"), per_device_train_batch_size=recipe.train.batch_size,
+        max_steps=total, learning_rate=recipe.train.lr, logging_steps=1, save_strategy="no", report_to=[],
+        use_cpu=True, bf16=bf16, disable_tqdm=True, dataloader_num_workers=0, seed=recipe.train.seed,
+    )
+    dataset = [stream.dataset[i] for i in order]
+    trainer = InOrder(model=loaded.model, args=args, train_dataset=dataset, callbacks=[Timed()],
+                      data_collator=lambda rows: collate(rows, loaded.tokenizer.pad_token_id))
+    trainer.remove_callback(PrinterCallback)  # its per-step log lines would interleave with the bench display
+    conn.send({"setup_mem_mb": _rss_mb()})
+    trainer.train()
+    while True:
+        command, _ = conn.recv()
+        if command == "eval":
+            conn.send(_evaluate(loaded.model, loaded.tokenizer, recipe))
+        else:
+            conn.send(None)
+            return
+
+
+def _evaluate(model, tokenizer, recipe) -> dict:
+    from .data import eval_questions
+    from .evaluate import evaluate_questions, summary_row
+
+    _, metrics = evaluate_questions(model, tokenizer, eval_questions(recipe), recipe)
+    return summary_row(metrics)
