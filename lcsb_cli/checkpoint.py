@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -22,8 +23,14 @@ MANIFEST = "manifest.json"
 def checkpoint_dirs(run_dir: Path) -> list[Path]:
     """Finished checkpoints, newest first."""
     root = run_dir / "checkpoints"
-    found = [p for p in root.glob("step-*") if (p / MANIFEST).is_file()] if root.is_dir() else []
-    return sorted(found, key=lambda p: int(p.name.split("-")[1]), reverse=True)
+    found = [p for p in root.glob("step-*") if step_of(p) is not None and (p / MANIFEST).is_file()] if root.is_dir() else []
+    return sorted(found, key=step_of, reverse=True)
+
+
+def step_of(path: Path) -> int | None:
+    """The step of a `step-N` checkpoint dir; None for any other name (step-6.bak, step-latest)."""
+    match = re.fullmatch(r"step-(\d+)", path.name)
+    return int(match.group(1)) if match else None
 
 
 def save_checkpoint(run_dir: Path, step: int, adapter: dict[str, torch.Tensor], state: dict, keep: int) -> Path:
@@ -59,8 +66,9 @@ def load_checkpoint(path: Path) -> tuple[dict[str, torch.Tensor], dict]:
     The state is read with `weights_only=True`: tensors and plain containers, never code from the file.
     """
     try:
-        manifest = json.loads((path / MANIFEST).read_text())
-        files = manifest["files"]
+        files = json.loads((path / MANIFEST).read_text())["files"]
+        if not isinstance(files, dict):
+            raise TypeError(f"its files entry is {type(files).__name__}, not a mapping")
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise CorruptCheckpoint(f"{path / MANIFEST} is unreadable: {exc}") from exc
     for name in (ADAPTER_FILE, STATE_FILE):

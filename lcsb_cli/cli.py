@@ -14,8 +14,33 @@ from rich.markup import escape
 
 from .errors import BadInput, LcsbError
 from .recipe import dump, load_recipe
+from .rundir import check_output_dir
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help="LoRA fine-tuning with layer-cyclic selective backprop.")
+USAGE_ERROR = typer.BadParameter.__bases__[0]  # click's UsageError (typer may bundle its own click)
+
+
+class OneLineErrors(typer.Typer):
+    """Usage errors (an unknown flag, a missing option) get one line and exit 2, like every other bad input."""
+
+    def __call__(self, *args, **kwargs):
+        if not kwargs.pop("standalone_mode", True):
+            return super().__call__(*args, standalone_mode=False, **kwargs)
+        try:
+            code = super().__call__(*args, standalone_mode=False, **kwargs)
+        except USAGE_ERROR as exc:
+            if type(exc).__name__ == "NoArgsIsHelpError":  # plain `lcsb`: the help text, as asked
+                exc.show()
+                sys.exit(exc.exit_code)
+            where = f" (see `{exc.ctx.command_path} --help`)" if exc.ctx else ""
+            err.print(f"[red]error:[/] {escape(exc.format_message())}{where}", highlight=False, soft_wrap=True)
+            sys.exit(2)
+        except typer.Abort:
+            err.print("aborted", highlight=False)
+            sys.exit(1)
+        sys.exit(code if isinstance(code, int) else 0)
+
+
+app = OneLineErrors(add_completion=False, no_args_is_help=True, help="LoRA fine-tuning with layer-cyclic selective backprop.")
 err = Console(stderr=True)
 out = Console()
 STATE = {"debug": False}
@@ -92,6 +117,8 @@ def eval_(
     from .evaluate import run_eval
     from .report import eval_table
 
+    if output is not None:
+        check_output_dir(output)
     path = Path(target)
     run_dir = path if path.is_dir() else None
     if run_dir is not None:

@@ -19,7 +19,9 @@ from transformers import get_scheduler
 
 from . import rundir
 from .backends import get_backend
-from .checkpoint import CorruptCheckpoint, checkpoint_dirs, load_checkpoint, save_checkpoint, write_json_atomic
+from .checkpoint import (
+    CorruptCheckpoint, checkpoint_dirs, load_checkpoint, save_checkpoint, step_of, write_json_atomic,
+)
 from .data import build_train_batches, eval_questions, train_questions
 from .divergence import DivergenceGuard, GoodState, all_finite, scale_lr
 from .errors import BadInput, Diverged
@@ -338,7 +340,7 @@ def _resume(run_dir: Path, trainer: Trainer) -> tuple[int, float, list[dict]]:
         try:
             adapter, state = load_checkpoint(path)
         except CorruptCheckpoint as exc:
-            notes.append({"step": int(path.name.split("-")[1]), "event": "checkpoint_corrupt", "reason": str(exc)})
+            notes.append({"step": step_of(path), "event": "checkpoint_corrupt", "reason": str(exc)})
             continue
         _restore(adapter, state, trainer)
         step = int(state["step"])

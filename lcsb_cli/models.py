@@ -23,6 +23,8 @@ PACKAGE_ROOT = Path(__file__).resolve().parent.parent
 PRESET_DIR = PACKAGE_ROOT / "configs" / "models"
 TOKENIZER_DIR = PACKAGE_ROOT / "configs" / "tokenizers"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")
 
 
 @dataclass
@@ -54,6 +56,16 @@ def resolve_base_dir(name: str) -> Path:
     if not (path / "config.json").is_file():
         raise BadInput(f"model.name: {path} has no config.json; point it at a dir written by save_pretrained")
     return path
+
+
+def check_checkpoint_files(path: Path) -> None:
+    """Weights and a tokenizer must be there: without tokenizer files transformers builds an empty tokenizer
+    that silently encodes every text to nothing."""
+    if not any((path / name).is_file() for name in WEIGHT_FILES):
+        raise BadInput(f"model.name: {path} has no weights ({' or '.join(WEIGHT_FILES)}); save the model there")
+    if not any((path / name).is_file() for name in TOKENIZER_FILES):
+        raise BadInput(f"model.name: {path} has no tokenizer ({' or '.join(TOKENIZER_FILES)}); "
+                       "save the tokenizer there too (tokenizer.save_pretrained)")
 
 
 def materialize_preset(name: str) -> Path:
@@ -125,6 +137,7 @@ def load_base(recipe: Recipe, device: torch.device):
     if recipe.model.trust_remote_code:
         warnings.warn(f"model.trust_remote_code is on: Python code shipped in {base_dir} will run", stacklevel=2)
     config = check_causal_lm(base_dir, recipe.model.trust_remote_code)
+    check_checkpoint_files(base_dir)
     dtype = DTYPES[recipe.model.dtype]
     model = AutoModelForCausalLM.from_pretrained(
         base_dir, dtype=dtype, quantization_config=quantization_config(recipe.quantization, dtype),

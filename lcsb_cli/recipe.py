@@ -155,7 +155,9 @@ def load_recipe(path: str | Path, overrides: typing.Sequence[str] = ()) -> Recip
     if not path.is_file():
         raise BadInput(f"{path}: recipe file not found (see `lcsb recipes` for the shipped ones)")
     try:
-        raw = yaml.safe_load(path.read_text()) or {}
+        raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except (UnicodeDecodeError, OSError) as exc:
+        raise BadInput(f"{path}: cannot be read as UTF-8 text ({exc.__class__.__name__}); save it as UTF-8 YAML") from exc
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
@@ -194,6 +196,8 @@ def validate(recipe: Recipe) -> None:
         value = get_key(recipe, key)
         if value < minimum:
             raise BadInput(f"{key}: {value} is below the minimum {minimum}")
+    if recipe.lora.alpha <= 0:
+        raise BadInput(f"lora.alpha: {recipe.lora.alpha} must be positive (the LoRA scale is alpha / rank)")
     if not 0 < recipe.divergence.lr_backoff <= 1:
         raise BadInput(f"divergence.lr_backoff: {recipe.divergence.lr_backoff} must be in (0, 1]")
     if recipe.lora.dropout >= 1:

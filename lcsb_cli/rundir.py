@@ -10,7 +10,7 @@ import yaml
 
 from .checkpoint import checkpoint_dirs, write_text_atomic
 from .errors import BadInput
-from .recipe import Recipe, dump, to_dict
+from .recipe import Recipe, dump, recipe_from_dict, to_dict
 
 RUN_FILES = ("config.yaml", "metrics.jsonl", "summary.json", "adapter", "checkpoints", "users", "adapters",
              "eval.json", "predictions.json")
@@ -24,8 +24,14 @@ def holds_run(run_dir: Path) -> bool:
 
 def check_fresh(run_dir: Path, force: bool) -> None:
     """A new run may not take over a dir holding another run unless `force`."""
+    check_output_dir(run_dir)
     if holds_run(run_dir) and not force:
         raise BadInput(f"{run_dir} already holds a run; pass --resume to continue it or --force to replace it")
+
+
+def check_output_dir(path: Path) -> None:
+    if path.exists() and not path.is_dir():
+        raise BadInput(f"--output: {path} is a file, not a directory; choose a directory")
 
 
 def prepare_fresh(run_dir: Path, recipe: Recipe) -> None:
@@ -47,7 +53,7 @@ def check_resume(run_dir: Path, recipe: Recipe, need_checkpoint: bool = True) ->
     if not need_checkpoint and not (run_dir / "config.yaml").is_file():
         raise BadInput(f"{run_dir}: no run to resume (start a fresh run without --resume)")
     saved = yaml.safe_load((run_dir / "config.yaml").read_text()) if (run_dir / "config.yaml").is_file() else {}
-    for key in _differing_keys(saved, to_dict(recipe)):
+    for key in _differing_keys(to_dict(recipe_from_dict(saved or {})), to_dict(recipe)):
         if key not in RESUMABLE_CHANGES:
             raise BadInput(f"--resume: {key} differs from the run's config.yaml; only "
                            f"{', '.join(sorted(RESUMABLE_CHANGES))} may change on resume")

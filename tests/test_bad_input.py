@@ -18,7 +18,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 
 from helpers import LAMP2, REPO, run_train
 
@@ -118,9 +117,8 @@ def _truncated_json_line() -> str:
 
 
 V, T, E, X = "validate", "train", "eval", "export"
-R = str(LAMP2.relative_to(REPO))  # recipes/lamp2.yaml, as a user in the repo root types it
-BUG = pytest.mark.xfail(strict=True, reason="lcsb_cli bug, see the case's comment")
-NO_CUDA = pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+R = str(LAMP2.relative_to(REPO))  # the recipe helpers.run_train uses, as a user in the repo root types it
+
 
 # (id, args with {run} {bad} {new} placeholders, key words the single error line must hold[, marks])
 CASES = [
@@ -128,8 +126,7 @@ CASES = [
     ("missing-recipe", [V, "{bad}/no-such-recipe.yaml"], ["no-such-recipe.yaml", "not found"]),
     ("yaml-syntax", [V, "{bad}/broken.yaml"], ["broken.yaml", "not valid yaml", "line 4"]),
     ("yaml-list", [V, "{bad}/list.yaml"], ["list.yaml", "mapping"]),
-    # a recipe that is not UTF-8 text: UnicodeDecodeError escapes load_recipe -> exit 1
-    ("yaml-not-utf8", [V, "{bad}/binary.yaml"], ["binary.yaml", "utf-8"], BUG),
+    ("yaml-not-utf8", [V, "{bad}/binary.yaml"], ["binary.yaml", "utf-8"]),
     ("unknown-top-key", [V, "{bad}/topkey.yaml"], ["topkey.yaml", "methd", "did you mean method?"]),
     ("misspelt-nested-key", [V, "{bad}/nested.yaml"], ["train.max_stesp", "did you mean train.max_steps?"]),
     ("misspelt-override", [V, R, "lcsb.blcks=2"], ["lcsb.blcks", "did you mean lcsb.blocks?"]),
@@ -145,18 +142,15 @@ CASES = [
     ("unknown-quantization", [V, R, "quantization=int3"], ["quantization", "int3", "nf4"]),
     ("unknown-dtype", [V, R, "model.dtype=float16"], ["model.dtype", "float16", "bfloat16"]),
     ("max-length-2", [V, R, "data.max_length=2"], ["data.max_length", "minimum 16"]),
-    # lora.alpha has no range check: alpha=0 makes the LoRA scaling 0, every grad_norm is 0.0 and the run
-    # "trains" (exit 0) without ever changing the adapter
-    ("lora-alpha-zero", [V, R, "lora.alpha=0"], ["lora.alpha"], BUG),
+    ("lora-alpha-zero", [V, R, "lora.alpha=0"], ["lora.alpha"]),
     ("no-train-data", [V, R, "data.train=null"], ["data.train"]),
     # --- overrides
     ("override-without-equals", [V, R, "train.max_steps"], ["train.max_steps", "key=value"]),
     ("override-empty-key", [V, R, "=5"], ["key=value"]),
     ("override-into-a-value", [V, R, "train.max_steps.x=3"], ["max_steps", "not a section"]),
     # --- flags (click's usage errors are bad input too: DESIGN.md "flags")
-    # typer/click print a multi-line "Usage: ... Try ... ╭─ Error ─╮ ..." panel, not one `error:` line
-    ("unknown-flag", [T, R, "--bogus"], ["--bogus"], BUG),
-    ("missing-required-option", [X, "{run}"], ["--output"], BUG),
+    ("unknown-flag", [T, R, "--bogus"], ["--bogus"]),
+    ("missing-required-option", [X, "{run}"], ["--output"]),
     # --- the model (train: fails after set-up starts, before anything is written)
     ("k-above-layers", [T, R, "lcsb.blocks=99", "--output", "{new}"], ["lcsb.blocks", "99", "layers"]),
     ("model-dir-missing", [T, R, "model.name={bad}/no-such-model", "--output", "{new}"],
@@ -165,18 +159,13 @@ CASES = [
      ["model.name", "empty_model", "config.json"]),
     ("model-not-causal-lm", [T, R, "model.name={bad}/t5_model", "--output", "{new}"],
      ["model.name", "t5", "not a causal language model"]),
-    ("model-config-not-json", [T, R, "model.name={bad}/badjson_model", "--output", "{new}"],
-     ["model.name", "badjson_model", "config"]),
-    # config.json but no weights: transformers' OSError ends in the catch-all -> exit 1
     ("model-without-weights", [T, R, "model.name={bad}/noweights_model", "--output", "{new}"],
-     ["model.name", "noweights_model", "weights"], BUG),
-    # no tokenizer files: transformers builds an empty tokenizer that encodes every text to [] and the run
-    # "trains" (loss 0.0, exit 0) on nothing
-    ("model-without-tokenizer", [T, R, "model.name={bad}/notokenizer_model", "train.max_steps=1", "--output", "{new}"],
-     ["model.name", "notokenizer_model", "tokenizer"], BUG),
+     ["model.name", "noweights_model", "weights"]),
+    ("model-without-tokenizer",
+     [T, R, "model.name={bad}/notokenizer_model", "train.max_steps=1", "--output", "{new}"],
+     ["model.name", "notokenizer_model", "tokenizer"]),
     ("lora-target-missing", [T, R, "lora.targets=[q_proj, wqkv]", "--output", "{new}"],
      ["lora.targets", "wqkv", "q_proj"]),
-    ("cuda-without-cuda", [T, R, "backend=cuda", "--output", "{new}"], ["backend", "cuda", "cpu"], NO_CUDA),
     # --- data
     ("train-file-missing", [T, R, "data.train={bad}/no-such-questions.json", "--output", "{new}"],
      ["data.train", "no-such-questions.json", "does not exist"]),
@@ -188,8 +177,7 @@ CASES = [
      ["badtag_outputs.json", "'horror'", "15 lamp-2 tags"]),
     ("max-length-too-small-for-question", [T, R, "data.max_length=16", "--output", "{new}"],
      ["max_length=16", "data.max_length to at least"]),
-    # --output a plain file: passes the checks, loads the model, then FileExistsError from mkdir -> exit 1
-    ("train-output-is-a-file", [T, R, "train.max_steps=1", "--output", "{bad}/a_file"], ["a_file"], BUG),
+    ("train-output-is-a-file", [T, R, "train.max_steps=1", "--output", "{bad}/a_file"], ["a_file"]),
     # --- an existing run dir
     ("train-over-existing-run", [T, R, "train.max_steps=2", "--output", "{run}"],
      ["already holds a run", "--resume", "--force"]),
