@@ -40,6 +40,8 @@ def method_recipe(recipe: Recipe, name: str) -> Recipe:
 def run_bench(recipe: Recipe, compare: list[str], steps: int, warmup: int, output: Path, evaluate: bool,
               reporter=None) -> dict:
     names = method_names(recipe, compare)
+    if recipe.data.user == "all":
+        raise BadInput("data.user: bench times one training run per method; use data.user=null (pooled) or a user id")
     if recipe.backend != "cpu" and any(n.startswith("hf-trainer") for n in names):
         raise BadInput("--compare hf-trainer runs on the cpu backend only")
     workers = {name: _Worker(name, method_recipe(recipe, name), warmup + steps) for name in names}

@@ -275,7 +275,7 @@ def train_per_user(recipe: Recipe, run_dir: Path, reporter: Reporter, resume: bo
     from .recipe import replace_key
 
     if resume:
-        rundir.check_resume(run_dir, recipe, need_checkpoint=False)
+        rundir.check_resume(run_dir, recipe)
     else:
         rundir.check_fresh(run_dir, force)
     user_ids = list(users(recipe))
@@ -284,12 +284,14 @@ def train_per_user(recipe: Recipe, run_dir: Path, reporter: Reporter, resume: bo
     for user_id in user_ids:
         sub_dir = run_dir / "users" / user_id
         done = (sub_dir / "summary.json").is_file()
+        user_reporter = reporter.for_user(user_id) if hasattr(reporter, "for_user") else reporter
         summaries[user_id] = json.loads((sub_dir / "summary.json").read_text()) if done else train(
-            replace_key(recipe, "data.user", user_id), sub_dir, reporter,
+            replace_key(recipe, "data.user", user_id), sub_dir, user_reporter,
             resume=resume and rundir.holds_run(sub_dir), force=True, adapter_dir=run_dir / "adapters" / user_id,
         )
     summary = {**aggregate(list(summaries.values())), "users": len(summaries)}
     write_json_atomic(run_dir / "summary.json", summary)
+    reporter.on_end(summary)
     return summary
 
 

@@ -69,6 +69,28 @@ class RichReporter:
             self.progress.stop()
         self.console.print(key_value_table("summary", summary))
 
+    def for_user(self, user_id: str) -> "UserLine":
+        return UserLine(self.console, user_id)
+
+
+class UserLine:
+    """One line per user of a per-user run (`data.user: all`) instead of a display per user."""
+
+    def __init__(self, console: Console, user_id: str):
+        self.console, self.user_id = console, user_id
+
+    def on_start(self, info: dict) -> None:
+        pass
+
+    def on_step(self, row: dict) -> None:
+        pass
+
+    def on_end(self, summary: dict) -> None:
+        self.console.print(
+            f"{self.user_id}: {summary['steps']} steps, final loss {summary['final_loss']:.4f}, "
+            f"{summary['wall_time_s']:.1f} s", highlight=False,
+        )
+
 
 def key_value_table(title: str, data: dict) -> Table:
     table = Table(title=title, show_header=False)

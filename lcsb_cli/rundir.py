@@ -46,12 +46,13 @@ def prepare_fresh(run_dir: Path, recipe: Recipe) -> None:
     write_text_atomic(run_dir / "config.yaml", dump(recipe))
 
 
-def check_resume(run_dir: Path, recipe: Recipe, need_checkpoint: bool = True) -> None:
-    """A resume needs a run (with a checkpoint) made by the same recipe, up to RESUMABLE_CHANGES."""
-    if need_checkpoint and not checkpoint_dirs(run_dir):
+def check_resume(run_dir: Path, recipe: Recipe) -> None:
+    """A resume needs a run with a checkpoint (for a per-user run: a user's run) made by the same recipe,
+    up to RESUMABLE_CHANGES."""
+    per_user = recipe.data.user == "all"
+    started = any(holds_run(d) for d in (run_dir / "users").glob("*")) if per_user else checkpoint_dirs(run_dir)
+    if not started or not (run_dir / "config.yaml").is_file():
         raise BadInput(f"{run_dir}: no checkpoint to resume from (start a fresh run without --resume)")
-    if not need_checkpoint and not (run_dir / "config.yaml").is_file():
-        raise BadInput(f"{run_dir}: no run to resume (start a fresh run without --resume)")
     saved = yaml.safe_load((run_dir / "config.yaml").read_text()) if (run_dir / "config.yaml").is_file() else {}
     for key in _differing_keys(to_dict(recipe_from_dict(saved or {})), to_dict(recipe)):
         if key not in RESUMABLE_CHANGES:

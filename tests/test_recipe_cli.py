@@ -48,7 +48,7 @@ def test_lamp2_loads_typed_with_paths_absolute_relative_to_the_file(tmp_path, mo
     assert r.name == "lamp2-tiny" and r.method == "lcsb" and r.lcsb.blocks == 4
     assert type(r.train.lr) is float and r.train.lr == pytest.approx(1e-3)
     assert type(r.lora.alpha) is float and r.lora.alpha == 32.0  # written `32`
-    assert type(r.train.max_steps) is int and r.train.max_steps == 60
+    assert type(r.train.max_steps) is int and r.train.max_steps == 30
     assert r.lora.targets[:2] == ["q_proj", "k_proj"]
     data = REPO / "recipes" / "data" / "lamp2"
     assert r.data.train == str(data / "train_questions.json") and Path(r.data.train).is_file()
@@ -84,7 +84,7 @@ def test_dotted_overrides_apply_with_types():
     assert type(r.train.lr) is float and r.train.lr == pytest.approx(2e-4)
     assert r.activation_checkpointing is True
     assert rc.load_recipe(LAMP2, ["lora.targets=q_proj,v_proj"]).lora.targets == ["q_proj", "v_proj"]
-    assert rc.load_recipe(LAMP2).train.max_steps == 60  # nothing leaks between loads
+    assert rc.load_recipe(LAMP2).train.max_steps == 30  # nothing leaks between loads
 
 
 def test_override_paths_resolve_against_the_cwd(tmp_path, monkeypatch):
@@ -98,7 +98,7 @@ def test_override_paths_resolve_against_the_cwd(tmp_path, monkeypatch):
 @pytest.mark.parametrize("item", ["data.eval=null", "data.eval="])
 def test_override_can_clear_an_optional_path(tmp_path, monkeypatch, item):
     monkeypatch.chdir(tmp_path)
-    assert rc.load_recipe(LAMP2, [item]).data.eval is None
+    assert rc.load_recipe(LAMP2, ["data.user=null", item]).data.eval is None
 
 
 # --- bad input -----------------------------------------------------------------------------------
@@ -246,7 +246,7 @@ def test_truncate_metrics_keeps_complete_rows_up_to_step(tmp_path):
 
 def test_check_resume_allows_only_harmless_changes(tmp_path):
     run = tmp_path / "run"
-    original = rc.load_recipe(LAMP2, [f"output_dir={run}"])
+    original = rc.load_recipe(LAMP2, ["data.user=null", f"output_dir={run}"])
     (run / "checkpoints" / "step-2").mkdir(parents=True)
     (run / "checkpoints" / "step-10").mkdir()
     (run / "checkpoints" / "step-2" / "manifest.json").write_text('{"step": 2, "files": {}}')
@@ -254,9 +254,9 @@ def test_check_resume_allows_only_harmless_changes(tmp_path):
     (run / "config.yaml").write_text(rc.dump(original))
     before = snapshot(run)
     with pytest.raises(BadInput, match="train.lr"):
-        rundir.check_resume(run, rc.load_recipe(LAMP2, [f"output_dir={run}", "train.lr=5e-4"]))
+        rundir.check_resume(run, rc.load_recipe(LAMP2, ["data.user=null", f"output_dir={run}", "train.lr=5e-4"]))
     assert snapshot(run) == before  # a refused resume rewrites nothing
-    longer = rc.load_recipe(LAMP2, [f"output_dir={run}", "train.max_steps=100"])
+    longer = rc.load_recipe(LAMP2, ["data.user=null", f"output_dir={run}", "train.max_steps=100"])
     rundir.check_resume(run, longer)
     assert snapshot(run) == before  # checking writes nothing; claim() does, once set-up has passed
     assert checkpoint_dirs(run)[0] == run / "checkpoints" / "step-10"  # newest, numerically
