@@ -10,3 +10,5 @@ _os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 _os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 _logging.getLogger("bitsandbytes").setLevel(_logging.ERROR)
 _warnings.filterwarnings("ignore", category=FutureWarning, module=r"(transformers|peft)\b")
+# MeZO steps no optimizer, yet the LR schedule must advance: torch's ordering warning does not apply.
+_warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler.step\(\)` before")
