@@ -32,8 +32,9 @@ def method_recipe(recipe: Recipe, name: str) -> Recipe:
         return replace_key(replace_key(recipe, "method", "lcsb"), "lcsb.blocks", int(name[5:]))
     if name == "full-backprop+ckpt":
         return replace_key(replace_key(recipe, "method", "full-backprop"), "activation_checkpointing", True)
-    if name.startswith("hf-trainer"):
-        return replace_key(recipe, "activation_checkpointing", False)
+    if name.startswith("hf-trainer"):  # the users' alternative in its own setup: fp32 weights, Trainer's precision
+        plain = replace_key(replace_key(recipe, "activation_checkpointing", False), "model.dtype", "float32")
+        return replace_key(plain, "train.autocast", "none")
     return replace_key(recipe, "method", name)
 
 
