@@ -30,8 +30,9 @@ def _is_lcsb(name: str) -> bool:
 def method_recipe(recipe: Recipe, name: str) -> Recipe:
     if _is_lcsb(name):
         return replace_key(replace_key(recipe, "method", "lcsb"), "lcsb.blocks", int(name[5:]))
-    if name == "full-backprop+ckpt":
-        return replace_key(replace_key(recipe, "method", "full-backprop"), "activation_checkpointing", True)
+    if name.startswith("full-backprop"):
+        full = replace_key(recipe, "method", "full-backprop")
+        return replace_key(full, "activation_checkpointing", name == "full-backprop+ckpt")
     if name.startswith("hf-trainer"):  # the users' alternative in its own setup: fp32 weights, Trainer's precision
         plain = replace_key(replace_key(recipe, "activation_checkpointing", False), "model.dtype", "float32")
         return replace_key(plain, "train.autocast", "none")

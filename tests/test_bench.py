@@ -1,0 +1,40 @@
+"""`lcsb bench`: every method in one bench.json with the contract's fields, and the plot renders."""
+
+import json
+import os
+import subprocess
+import sys
+
+from helpers import LAMP2, REPO
+
+FIELDS = {"name", "median_step_time_s", "tokens_per_s", "peak_mem_mb", "final_loss", "eval", "diverged", "speedup"}
+
+
+def test_bench_runs_methods_interleaved_and_writes_its_reports(tmp_path):
+    out = tmp_path / "bench"
+    cmd = [sys.executable, "-m", "lcsb_cli", "bench", str(LAMP2), "--compare", "full-backprop", "--compare", "mezo",
+           "--compare", "hf-trainer", "--compare", "lcsb:2", "--steps", "2", "--warmup", "1", "--eval",
+           "--output", str(out), "lcsb.blocks=4"]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"},
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    result = json.loads((out / "bench.json").read_text())
+    assert result["baseline"] == "full-backprop"
+    assert [m["name"] for m in result["methods"]] == ["lcsb:4", "full-backprop", "mezo", "hf-trainer", "lcsb:2"]
+    for method in result["methods"]:
+        assert FIELDS <= set(method)
+        assert method["eval"]["n"] == 90 and 0 <= method["eval"]["accuracy"] <= 1
+    base = next(m for m in result["methods"] if m["name"] == "full-backprop")
+    assert base["speedup"] == 1.0
+    lcsb = result["methods"][0]
+    assert lcsb["ceiling"] == (result["forward_s"] + result["backward_s"]) / (
+        result["forward_s"] + result["backward_s"] / 4)
+    assert (out / "loss_curves.png").stat().st_size > 10_000
+    assert "| lcsb:4 |" in (out / "bench.md").read_text()
+
+
+def test_bench_refuses_an_unknown_method_before_starting_anything(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "lcsb_cli", "bench", str(LAMP2), "--compare", "sgd",
+                           "--output", str(tmp_path / "b")], cwd=REPO, capture_output=True, text=True)
+    assert proc.returncode == 2 and "unknown method 'sgd'" in proc.stderr and "Traceback" not in proc.stderr
+    assert not (tmp_path / "b").exists()
