@@ -37,9 +37,8 @@ class GoodState:
         return [p.data for p in self.params] + moments
 
     def take(self) -> None:
-        with_state = [p for p in self.params if p in self.optimizer.state]
-        if self.buffers is None or len(with_state) != len(self.with_state):
-            self.with_state = with_state
+        if self.buffers is None or len(self.optimizer.state) != len(self.with_state):
+            self.with_state = [p for p in self.params if p in self.optimizer.state]
             self.live = self._gather()
             self.buffers = [t.clone() for t in self.live]
         else:

@@ -108,11 +108,14 @@ class Lisa(Method):
     def begin_step(self) -> None:
         if self.step % self.interval == 0 or not self.chosen:
             self.chosen = sorted(torch.randperm(len(self.params), generator=self.generator)[: self.count].tolist())
+            self._freeze_others()
         self.step += 1
+        return None
+
+    def _freeze_others(self) -> None:
         for index, params in enumerate(self.params):
             for p in params:
                 p.requires_grad_(index in self.chosen)
-        return None
 
     def state_dict(self) -> dict:
         return {"step": self.step, "chosen": list(self.chosen), "rng": self.generator.get_state()}
@@ -120,6 +123,7 @@ class Lisa(Method):
     def load_state_dict(self, state: dict) -> None:
         self.step, self.chosen = int(state["step"]), [int(i) for i in state["chosen"]]
         self.generator.set_state(state["rng"])
+        self._freeze_others()
 
 
 class Mezo(Method):

@@ -39,7 +39,9 @@ class SelectiveLayers:
 
     Layers keep their module identity (state-dict keys, PEFT adapters and hooks are untouched): only the
     instance's `forward` is wrapped, as accelerate's hooks do. A layer's trainable parameters are the ones that
-    required grad at install time; `activate` toggles them so that only the active block collects gradients.
+    required grad at install time. Below the active block and on the identity path layers run under no_grad, so
+    only the active block can collect gradients; with `exact`, `activate` also freezes the LoRA of the layers
+    above, whose graph the gradient must cross.
     """
 
     def __init__(
@@ -71,8 +73,9 @@ class SelectiveLayers:
             else:
                 role = Role.BELOW if index < active.start else Role.ABOVE
             self.roles[index] = role
-            for p in self.trainable[index]:
-                p.requires_grad_(role is Role.ACTIVE)
+            if self.upper_path == "exact":
+                for p in self.trainable[index]:
+                    p.requires_grad_(role is Role.ACTIVE)
 
     def remove(self) -> None:
         """Restore the layers' own forward and trainability."""

@@ -29,6 +29,7 @@ class IdleMomentum:
     def __init__(self, optimizer: torch.optim.Optimizer, block_params: Sequence[Sequence[nn.Parameter]]):
         self.optimizer = optimizer
         self.block_params = [list(params) for params in block_params]
+        self.zeros: dict[int, torch.Tensor] = {}  # one zero gradient per parameter, allocated once and reused
 
     def before_step(self, active: int) -> None:
         state = self.optimizer.state
@@ -37,4 +38,6 @@ class IdleMomentum:
                 continue
             for p in params:
                 if p.grad is None and p in state:
-                    p.grad = torch.zeros_like(p)
+                    p.grad = self.zeros.get(id(p))
+                    if p.grad is None:
+                        p.grad = self.zeros[id(p)] = torch.zeros_like(p)
