@@ -126,3 +126,38 @@ def test_target_position_loss_equals_the_full_logits_loss_and_gradients():
         if p.grad is not None:
             torch.testing.assert_close(fast[name], p.grad, rtol=1e-4, atol=1e-6)
     assert len(fast) > 0
+
+
+def test_lr_1000_stop_exits_3_naming_the_step_and_rollback_ends_finite(tmp_path):
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from helpers import REPO
+    from safetensors.torch import load_file
+
+    def train(name, action):
+        return subprocess.run(
+            [sys.executable, "-m", "lcsb_cli", "train", str(LAMP2), "--output", str(tmp_path / name), "train.lr=1000",
+             "train.max_steps=25", f"divergence.action={action}"],
+            cwd=REPO, capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"},
+        )
+
+    stopped = train("stop", "stop")
+    assert stopped.returncode == 3, stopped.stderr
+    line = stopped.stderr.strip().splitlines()[-1]
+    assert line.startswith("error: training diverged at step ") and "Traceback" not in stopped.stderr
+    step = int(line.split("at step ")[1].split(":")[0])
+    summary = json.loads((tmp_path / "stop" / "summary.json").read_text())
+    assert summary["diverged"] is True and (tmp_path / "stop" / "checkpoints" / f"step-{step}").is_dir()
+
+    rolled = train("rollback", "rollback")
+    assert rolled.returncode == 0, rolled.stderr
+    rows = [json.loads(x) for x in (tmp_path / "rollback" / "metrics.jsonl").read_text().splitlines()]
+    assert any(r.get("event") == "rollback" for r in rows)
+    assert math.isfinite(rows[-1]["loss"])
+    summary = json.loads((tmp_path / "rollback" / "summary.json").read_text())
+    assert summary["events"]["rollback"] == sum(r.get("event") == "rollback" for r in rows)
+    adapter = load_file(tmp_path / "rollback" / "adapter" / "adapter_model.safetensors")
+    assert all(torch.isfinite(t).all() for t in adapter.values())
