@@ -161,3 +161,26 @@ def test_lr_1000_stop_exits_3_naming_the_step_and_rollback_ends_finite(tmp_path)
     assert summary["events"]["rollback"] == sum(r.get("event") == "rollback" for r in rows)
     adapter = load_file(tmp_path / "rollback" / "adapter" / "adapter_model.safetensors")
     assert all(torch.isfinite(t).all() for t in adapter.values())
+
+
+def test_running_out_of_memory_is_bad_input_with_the_figure_and_hints(tmp_path, monkeypatch):
+    from lcsb_cli import engine
+    from lcsb_cli.errors import BadInput
+
+    def no_memory(self, step):
+        raise RuntimeError("[enforce fail at alloc_cpu.cpp:117] DefaultCPUAllocator: can't allocate memory")
+
+    monkeypatch.setattr(engine.Trainer, "step", no_memory)
+    with pytest.raises(BadInput) as caught:
+        run_train(tmp_path / "run", "train.max_steps=2")
+    message = str(caught.value)
+    assert "out of memory at step 1" in message and "MB" in message
+    assert all(hint in message for hint in ("train.batch_size", "activation_checkpointing", "lcsb.blocks", "nf4"))
+
+
+def test_other_runtime_errors_are_not_disguised_as_memory_errors(tmp_path, monkeypatch):
+    from lcsb_cli import engine
+
+    monkeypatch.setattr(engine.Trainer, "step", lambda self, step: (_ for _ in ()).throw(RuntimeError("shape mismatch")))
+    with pytest.raises(RuntimeError, match="shape mismatch"):
+        run_train(tmp_path / "run", "train.max_steps=2")

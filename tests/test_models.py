@@ -145,3 +145,10 @@ def test_local_checkpoint_trains_and_adapter_loads_in_plain_peft(tmp_path, model
         tuned = PeftModel.from_pretrained(base, run_dir / "adapter")
         after = tuned(ids).logits
     assert not torch.allclose(before, after)
+
+
+def test_trust_remote_code_is_off_by_default_and_warns_when_turned_on():
+    recipe = load_recipe(LAMP2, [])
+    assert recipe.model.trust_remote_code is False
+    with pytest.warns(UserWarning, match="trust_remote_code is on"):
+        load_model(load_recipe(LAMP2, ["model.trust_remote_code=true"]), torch.device("cpu"))
