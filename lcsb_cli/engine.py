@@ -295,10 +295,13 @@ def train_per_user(recipe: Recipe, run_dir: Path, reporter: Reporter, resume: bo
         sub_dir = run_dir / "users" / user_id
         done = (sub_dir / "summary.json").is_file()
         user_reporter = reporter.for_user(user_id) if hasattr(reporter, "for_user") else reporter
-        summaries[user_id] = json.loads((sub_dir / "summary.json").read_text()) if done else train(
-            replace_key(recipe, "data.user", user_id), sub_dir, user_reporter,
-            resume=resume and rundir.holds_run(sub_dir), force=True, adapter_dir=run_dir / "adapters" / user_id,
-        )
+        try:
+            summaries[user_id] = json.loads((sub_dir / "summary.json").read_text()) if done else train(
+                replace_key(recipe, "data.user", user_id), sub_dir, user_reporter,
+                resume=resume and rundir.holds_run(sub_dir), force=True, adapter_dir=run_dir / "adapters" / user_id,
+            )
+        except Diverged as exc:
+            raise Diverged(f"user {user_id} (users/{user_id}): {exc}") from exc
     summary = {**aggregate(list(summaries.values())), "users": len(summaries)}
     write_json_atomic(run_dir / "summary.json", summary)
     reporter.on_end(summary)
