@@ -33,35 +33,36 @@ def layer_of(name: str) -> int:
     return int(name.split(".layers.")[1].split(".")[0])
 
 
-def test_exact_upper_path_equals_full_backprop_gradients_per_block():
+def per_block_grads(upper_path: str, num_blocks: int):
+    """(full-backprop LoRA grads, blocks, [LoRA grads with each block active in turn])."""
     loaded, batch = tiny()
     causal_lm_loss(loaded.model, batch).backward()
     reference = lora_grads(loaded.model)
     loaded.model.zero_grad(set_to_none=True)
-    blocks = partition(len(loaded.layers), 2)
-    selective = SelectiveLayers(loaded.layers, blocks, "exact")
-    for block in range(2):
+    blocks = partition(len(loaded.layers), num_blocks)
+    selective = SelectiveLayers(loaded.layers, blocks, upper_path)
+    per_block = []
+    for block in range(num_blocks):
         selective.activate(block)
         causal_lm_loss(loaded.model, batch).backward()
-        for name, grad in lora_grads(loaded.model).items():
+        per_block.append(lora_grads(loaded.model))
+        loaded.model.zero_grad(set_to_none=True)
+    return reference, blocks, per_block
+
+
+def test_exact_upper_path_equals_full_backprop_gradients_per_block():
+    reference, blocks, per_block = per_block_grads("exact", 2)
+    for block, grads in enumerate(per_block):
+        for name, grad in grads.items():
             if layer_of(name) in blocks[block]:
                 torch.testing.assert_close(grad, reference[name], rtol=1e-4, atol=1e-6)
             else:
                 assert grad is None, name
-        loaded.model.zero_grad(set_to_none=True)
 
 
 def test_identity_path_grads_only_the_active_block_and_top_block_is_exact():
-    loaded, batch = tiny()
-    causal_lm_loss(loaded.model, batch).backward()
-    reference = lora_grads(loaded.model)
-    loaded.model.zero_grad(set_to_none=True)
-    blocks = partition(len(loaded.layers), 4)
-    selective = SelectiveLayers(loaded.layers, blocks, "identity")
-    for block in range(4):
-        selective.activate(block)
-        causal_lm_loss(loaded.model, batch).backward()
-        grads = lora_grads(loaded.model)
+    reference, blocks, per_block = per_block_grads("identity", 4)
+    for block, grads in enumerate(per_block):
         for name, grad in grads.items():
             if layer_of(name) in blocks[block]:
                 assert grad is not None and grad.abs().sum() > 0, name
@@ -69,7 +70,6 @@ def test_identity_path_grads_only_the_active_block_and_top_block_is_exact():
                     torch.testing.assert_close(grad, reference[name], rtol=1e-4, atol=1e-6)
             else:
                 assert grad is None, name
-        loaded.model.zero_grad(set_to_none=True)
 
 
 @pytest.mark.parametrize("quant", ["nf4", "fp4", "int8"])
