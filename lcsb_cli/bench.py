@@ -126,12 +126,21 @@ def summarize_bench(names: list[str], timed: dict[str, list[dict]], all_rows: di
             "diverged": any(r.get("event") in ("diverged", "rollback") for r in all_rows[name]),
             "speedup": medians[baseline] / medians[name],
         }
+        if "sim_step_time_s" in rows[0]:
+            entry.update(_simulated(rows, timed[baseline]))
         if _is_lcsb(name) and "forward_s" in result:
             f, b, k = result["forward_s"], result["backward_s"], int(name[5:])
             entry["ceiling"] = (f + b) / (f + b / k)
             entry["efficiency"] = entry["speedup"] / entry["ceiling"]
         result["methods"].append(entry)
     return result
+
+
+def _simulated(rows: list[dict], baseline_rows: list[dict]) -> dict:
+    """npu-sim: the simulated phone's medians, and the speedup on the phone against the baseline."""
+    medians = {k: statistics.median(r[k] for r in rows) for k in ("sim_step_time_s", "sim_energy_j", "npu_util")}
+    base = statistics.median(r["sim_step_time_s"] for r in baseline_rows)
+    return {**medians, "sim_speedup": base / medians["sim_step_time_s"]}
 
 
 def bench_markdown(result: dict, recipe: Recipe, steps: int, warmup: int) -> str:
@@ -149,6 +158,11 @@ def bench_markdown(result: dict, recipe: Recipe, steps: int, warmup: int) -> str
         acc = f"{m['eval']['accuracy']:.3f}" if m["eval"] else ""
         lines.append(f"| {m['name']} | {m['median_step_time_s']:.3f} | {m['tokens_per_s']:.0f} | "
                      f"{m['peak_mem_mb']:.0f} | {m['final_loss']:.4f} | {m['speedup']:.2f}x | {eff} | {acc} |")
+    if "sim_step_time_s" in result["methods"][0]:
+        lines += ["", f"Simulated on-device (npu-sim, {recipe.npu_sim.device}, {recipe.npu_sim.weights} weights):", "",
+                  "| method | sim step (ms) | sim energy (mJ/step) | NPU util | sim speedup |", "| --- | --- | --- | --- | --- |"]
+        lines += [f"| {m['name']} | {m['sim_step_time_s'] * 1e3:.2f} | {m['sim_energy_j'] * 1e3:.1f} | "
+                  f"{m['npu_util']:.2f} | {m['sim_speedup']:.2f}x |" for m in result["methods"]]
     return "\n".join(lines) + "\n"
 
 

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import json
 import math
-from collections import Counter
-import shutil
 import statistics
+from collections import Counter
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,14 +13,11 @@ from typing import Callable, Protocol
 
 import torch
 import torch.nn.functional as F
-from peft import get_peft_model_state_dict, set_peft_model_state_dict
 from transformers import get_scheduler
 
 from . import rundir
 from .backends import get_backend
-from .checkpoint import (
-    CorruptCheckpoint, checkpoint_dirs, load_checkpoint, save_checkpoint, step_of, write_json_atomic,
-)
+from .checkpoint import write_json_atomic
 from .data import build_train_batches, eval_questions, train_questions
 from .divergence import DivergenceGuard, GoodState, all_finite, scale_lr
 from .errors import BadInput, Diverged
@@ -29,8 +25,7 @@ from .evaluate import evaluate_questions
 from .methods import build_method
 from .models import load_model, lora_parameters
 from .recipe import Recipe, check_layer_counts
-
-KEEP_CHECKPOINTS = 3
+from .resume import resume_state, save_adapter, save_state
 
 
 def causal_lm_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -81,10 +76,12 @@ class Trainer:
     def __post_init__(self):
         self.guard = DivergenceGuard(self.divergence.spike_factor, self.divergence.patience)
         self.good = GoodState(self.params, self.optimizer, self.lr_scheduler, self.method)
+        self.notes: list[dict] = []  # event rows the backend raised (throttling, precision choice)
 
     def step(self, step: int) -> dict:
         """Run step number `step` (0-based) and return its metrics row."""
         start = time.perf_counter()
+        self.backend.begin_step(step)
         active = self.method.begin_step()
         micro = [self._to_device(self.batches.batch(step * self.grad_accum + i)) for i in range(self.grad_accum)]
         n_targets = max(sum(target_tokens(b) for b in micro), 1)
@@ -96,12 +93,14 @@ class Trainer:
         outcome = self._handle(problem) if problem else {}
         self.lr_scheduler.step()
         self.backend.synchronize()
+        device_metrics, notes = self.backend.end_step()
+        self.notes += notes
         elapsed = time.perf_counter() - start
         tokens = int(sum(int(b["attention_mask"].sum()) for b in micro))
         return {
             "step": step + 1, "loss": loss, "lr": lr, "grad_norm": grad_norm, "tokens": tokens,
             "tokens_per_s": tokens / elapsed, "step_time_s": elapsed, "peak_mem_mb": self.backend.peak_mem_mb(),
-            "active_block": active, "method": self.method.name, **timing, **outcome,
+            "active_block": active, "method": self.method.name, **timing, **device_metrics, **outcome,
         }
 
     def _backprop_update(self, micro: list[dict], n_targets: int, active: int | None):
@@ -157,11 +156,16 @@ class Trainer:
         return {"event": "diverged", "reason": problem}
 
     def state_dict(self) -> dict:
-        return {"guard": self.guard.state_dict()}
+        return {"guard": self.guard.state_dict(), "backend": self.backend.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
         self.guard.load_state_dict(state["guard"])
+        self.backend.load_state_dict(state["backend"])
         self.good.reset()
+
+    def take_notes(self) -> list[dict]:
+        notes, self.notes = self.notes, []
+        return notes
 
     def _to_device(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         return {k: v.to(self.backend.device, non_blocking=True) for k, v in batch.items()}
@@ -181,7 +185,7 @@ def train(recipe: Recipe, run_dir: Path, reporter: Reporter, resume: bool = Fals
     else:
         rundir.check_fresh(run_dir, force)
     trainer, loaded, held_out = build_trainer(recipe)
-    first_step, wall_before, notes = _resume(run_dir, trainer) if resume else (0, 0.0, [])
+    first_step, wall_before, notes = resume_state(run_dir, trainer) if resume else (0, 0.0, [])
     rundir.claim(run_dir, recipe, resume, first_step)
     reporter.on_start({"recipe": recipe, "run_dir": run_dir, "first_step": first_step, "notes": notes,
                        "params": sum(p.numel() for p in trainer.params), "layers": len(loaded.layers)})
@@ -195,9 +199,10 @@ def build_trainer(recipe: Recipe):
     if recipe.train.threads:
         torch.set_num_threads(recipe.train.threads)
     torch.manual_seed(recipe.train.seed)
-    backend = get_backend(recipe.backend)
+    backend = get_backend(recipe)
     loaded = load_model(recipe, backend.device)
     check_layer_counts(recipe, len(loaded.layers))
+    backend.prepare(loaded)
     batches = build_train_batches(recipe, loaded.tokenizer, train_questions(recipe))
     held_out = eval_questions(recipe) if recipe.train.eval_every else []
     params = lora_parameters(loaded.model)
@@ -232,6 +237,8 @@ def _run_steps(recipe, run_dir, trainer, loaded, held_out, reporter, first_step,
                 log.write(_json_line(row))
                 log.flush()
                 reporter.on_step(row)
+            for note in trainer.take_notes():
+                log.write(_json_line(note))
             if row.get("event") == "diverged" and recipe.divergence.action == "stop":
                 diverged = Diverged(f"training diverged at step {done}: {row['reason']}; the last good state "
                                     f"is saved as checkpoints/step-{done}")
@@ -242,11 +249,11 @@ def _run_steps(recipe, run_dir, trainer, loaded, held_out, reporter, first_step,
                 log.flush()
                 loaded.model.train()
             if diverged or (cfg.save_every and done % cfg.save_every == 0) or done == cfg.max_steps:
-                _save(run_dir, done, trainer, wall_before + time.perf_counter() - started)
+                save_state(run_dir, done, trainer, wall_before + time.perf_counter() - started)
             if diverged:
                 break
     wall = wall_before + time.perf_counter() - started
-    _save_adapter(loaded.model, adapter_dir)
+    save_adapter(loaded.model, adapter_dir)
     summary = summarize(rundir.read_metrics(run_dir / "metrics.jsonl"), trainer.method, wall)
     summary["diverged"] = diverged is not None
     write_json_atomic(run_dir / "summary.json", summary)
@@ -334,60 +341,17 @@ def summarize(rows: list[dict], method, wall_time_s: float) -> dict:
         "peak_mem_mb": max((r["peak_mem_mb"] for r in steps), default=None),
         "wall_time_s": wall_time_s, "diverged": False,
         "events": dict(Counter(r["event"] for r in rows if "event" in r)),
+        **_simulated_totals(steps),
     }
 
 
-def _save(run_dir: Path, step: int, trainer: Trainer, wall_time_s: float) -> None:
-    state = {
-        "step": step, "wall_time_s": wall_time_s, "optimizer": trainer.optimizer.state_dict(),
-        "lr_scheduler": trainer.lr_scheduler.state_dict(), "method": trainer.method.state_dict(),
-        "trainer": trainer.state_dict(),
-        "rng": {"torch": torch.get_rng_state(),
-                "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []},
-    }
-    save_checkpoint(run_dir, step, get_peft_model_state_dict(trainer.model), state, keep=KEEP_CHECKPOINTS)
-
-
-def _resume(run_dir: Path, trainer: Trainer) -> tuple[int, float, list[dict]]:
-    """Restore the newest intact checkpoint; a corrupt one (checksum mismatch) is skipped and reported."""
-    notes = []
-    for path in checkpoint_dirs(run_dir):
-        try:
-            adapter, state = load_checkpoint(path)
-        except CorruptCheckpoint as exc:
-            notes.append({"step": step_of(path), "event": "checkpoint_corrupt", "reason": str(exc)})
-            continue
-        _restore(adapter, state, trainer)
-        step = int(state["step"])
-        for note in notes:
-            note["resumed_from"] = step
-        return step, float(state["wall_time_s"]), notes
-    raise BadInput(f"{run_dir}: no intact checkpoint to resume from ({notes[-1]['reason'] if notes else 'none'})")
-
-
-def _restore(adapter: dict, state: dict, trainer: Trainer) -> None:
-    set_peft_model_state_dict(trainer.model, adapter)
-    trainer.optimizer.load_state_dict(state["optimizer"])
-    trainer.lr_scheduler.load_state_dict(state["lr_scheduler"])
-    trainer.method.load_state_dict(state["method"])
-    trainer.load_state_dict(state["trainer"])
-    torch.set_rng_state(state["rng"]["torch"])
-    if state["rng"]["cuda"]:
-        torch.cuda.set_rng_state_all(state["rng"]["cuda"])
-
-
-def _save_adapter(model, target: Path) -> None:
-    """PEFT format (adapter_config.json + adapter_model.safetensors), replaced atomically."""
-    tmp = target.with_name(f".{target.name}.tmp")
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    model.save_pretrained(tmp)
-    old = target.with_name(f".{target.name}.old")
-    if target.exists():
-        target.rename(old)
-    tmp.rename(target)
-    if old.exists():
-        shutil.rmtree(old)
+def _simulated_totals(steps: list[dict]) -> dict:
+    """npu-sim runs: the simulated phone's totals."""
+    if not steps or "sim_step_time_s" not in steps[-1]:
+        return {}
+    return {"sim_median_step_time_s": statistics.median(r["sim_step_time_s"] for r in steps),
+            "sim_energy_j": sum(r["sim_energy_j"] for r in steps), "sim_max_temp_c": max(r["sim_temp_c"] for r in steps),
+            "npu_util": statistics.median(r["npu_util"] for r in steps)}
 
 
 def _json_line(row: dict) -> str:

@@ -151,7 +151,9 @@ def run_eval(recipe: Recipe, output: Path, adapter: Path | None = None, run_dir:
     from .data import eval_questions, train_questions, user_profile_questions, users
     from .models import load_model
 
-    loaded = load_model(recipe, get_backend(recipe.backend).device, adapter)
+    backend = get_backend(recipe)
+    loaded = load_model(recipe, backend.device, adapter)
+    backend.prepare(loaded)
     if recipe.data.user == "all":
         questions, preds, per_user, hits = [], [], {}, 0
         for user_id, user_questions in users(recipe).items():

@@ -41,6 +41,18 @@ class LcsbConfig:
 
 
 @dataclass
+class NpuSimConfig:
+    device: str = "snapdragon-8gen3"  # a profile in configs/devices/ or a path to a profile YAML
+    weights: str = "int8"  # the NPU's resident weight format: fp16 | int8 (per channel) | int4 (groups of 32)
+    precision: str = "auto"  # auto: fp32 for layers whose fp16 input gradient is off (calibrated) | fp16 | fp32
+    row_protection: bool = True  # per-row power-of-two scaling around every FP16 cast
+    overlap: bool = True  # NPU products on a worker thread while the CPU computes the adapters
+    calibration_steps: int = 4  # precision=auto: steps measuring each layer's fp16 input-gradient error (>= K
+    # covers every block); a layer that got no input gradient in them stays fp16
+    fp32_threshold: float = 0.01  # precision=auto: relative error above which a layer moves to fp32
+
+
+@dataclass
 class DataConfig:
     format: str = "lamp2"
     train: str | None = None
@@ -112,6 +124,7 @@ class Recipe:
     lcsb: LcsbConfig = field(default_factory=LcsbConfig)
     activation_checkpointing: bool = False
     backend: str = "cpu"
+    npu_sim: NpuSimConfig = field(default_factory=NpuSimConfig)
     data: DataConfig = field(default_factory=DataConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     freeze: FreezeConfig = field(default_factory=FreezeConfig)
@@ -130,6 +143,8 @@ CHOICES = {
     "lcsb.upper_path": ("identity", "exact"),
     "lcsb.idle_update": ("momentum", "none"),
     "backend": ("cpu", "cuda", "npu-sim"),
+    "npu_sim.weights": ("fp16", "int8", "int4"),
+    "npu_sim.precision": ("auto", "fp16", "fp32"),
     "data.format": ("lamp2",),
     "train.lr_scheduler": ("cosine", "linear", "constant"),
     "train.autocast": ("none", "bf16"),
@@ -142,6 +157,7 @@ MINIMUMS = {
     "train.threads": 0, "train.eval_every": 0, "data.profile_k": 0, "eval.batch_size": 1,
     "eval.max_new_tokens": 1, "divergence.spike_factor": 1.0, "divergence.patience": 1,
     "divergence.lr_backoff": 0.0, "freeze.layers": 1, "lisa.layers": 1, "lisa.interval": 1, "lora.dropout": 0.0, "train.weight_decay": 0.0, "train.max_grad_norm": 0.0,
+    "npu_sim.calibration_steps": 1, "npu_sim.fp32_threshold": 0.0,
 }
 PATH_KEYS = ("data.train", "data.train_labels", "data.eval", "data.eval_labels")
 
@@ -206,8 +222,11 @@ def validate(recipe: Recipe) -> None:
         raise BadInput("mezo.eps and mezo.lr must be positive")
     if recipe.train.lr <= 0:
         raise BadInput(f"train.lr: {recipe.train.lr} must be positive")
-    if recipe.backend == "npu-sim":
-        raise BadInput("backend: npu-sim is not available yet in this version; use cpu or cuda")
+    if recipe.backend == "npu-sim" and recipe.quantization != "none":
+        raise BadInput("quantization: npu-sim keeps its own resident weights (npu_sim.weights); set quantization=none")
+    if recipe.backend == "npu-sim" and recipe.train.autocast != "none":
+        raise BadInput("train.autocast: npu-sim sets the products' precision itself (npu_sim.precision); "
+                       "set train.autocast=none")
     if not recipe.lora.targets:
         raise BadInput("lora.targets: name at least one module, e.g. [q_proj, v_proj]")
     if recipe.data.train is None and recipe.data.user is None:

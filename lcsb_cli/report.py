@@ -57,7 +57,8 @@ class RichReporter:
         block = "all" if row.get("active_block") is None else row["active_block"]
         status = (
             f"loss {row['loss']:.4f} {sparkline(self.losses)}  {row['tokens_per_s']:.0f} tok/s  "
-            f"{row['peak_mem_mb']:.0f} MB  block {block}" + (f"  [red]{row['event']}[/]" if "event" in row else "")
+            f"{row['peak_mem_mb']:.0f} MB  block {block}" + _simulated(row)
+            + (f"  [red]{row['event']}[/]" if "event" in row else "")
         )
         if self.progress is not None:
             self.progress.update(self.task, completed=row["step"], status=status)
@@ -92,6 +93,13 @@ class UserLine:
         )
 
 
+def _simulated(row: dict) -> str:
+    if "sim_step_time_s" not in row:
+        return ""
+    return (f"  [cyan]phone {row['sim_step_time_s'] * 1e3:.1f} ms {row['sim_energy_j']:.2f} J "
+            f"{row['sim_temp_c']:.1f} C NPU {row['npu_util']:.0%}[/]")
+
+
 def key_value_table(title: str, data: dict) -> Table:
     table = Table(title=title, show_header=False)
     for key, value in data.items():
@@ -111,12 +119,18 @@ def eval_table(result: dict) -> Table:
 
 def bench_table(result: dict) -> Table:
     table = Table(title=f"lcsb bench (baseline {result['baseline']})")
-    for column in ("method", "median step s", "tokens/s", "peak MB", "final loss", "speedup", "efficiency", "eval acc"):
+    simulated = "sim_step_time_s" in result["methods"][0]
+    columns = ["method", "median step s", "tokens/s", "peak MB", "final loss", "speedup", "efficiency", "eval acc"]
+    for column in columns + (["sim step ms", "sim mJ", "NPU util", "sim speedup"] if simulated else []):
         table.add_column(column, justify="right" if column != "method" else "left")
     for m in result["methods"]:
-        table.add_row(
+        cells = [
             m["name"], f"{m['median_step_time_s']:.3f}", f"{m['tokens_per_s']:.0f}", f"{m['peak_mem_mb']:.0f}",
             f"{m['final_loss']:.4f}", f"{m['speedup']:.2f}x", f"{m['efficiency']:.2f}" if "efficiency" in m else "",
             f"{m['eval']['accuracy']:.3f}" if m["eval"] else "",
-        )
+        ]
+        if simulated:
+            cells += [f"{m['sim_step_time_s'] * 1e3:.2f}", f"{m['sim_energy_j'] * 1e3:.1f}", f"{m['npu_util']:.2f}",
+                      f"{m['sim_speedup']:.2f}x"]
+        table.add_row(*cells)
     return table

@@ -1,18 +1,20 @@
-"""Where the training step runs: device placement, autocast and the memory probe."""
+"""Where the training step runs: device placement, autocast, the memory probe, and the simulated NPU."""
 
 from __future__ import annotations
 
-from ..errors import BadInput
 from .cpu import CpuBackend
 from .cuda import CudaBackend
 
 
-def get_backend(name: str):
-    if name == "cpu":
-        return CpuBackend()
-    if name == "cuda":
+def get_backend(recipe):
+    """The backend a recipe names (`npu-sim` is configured by the recipe's npu_sim section)."""
+    if recipe.backend == "cuda":
         return CudaBackend()
-    raise BadInput(f"backend: {name!r} is not available; use cpu or cuda")
+    if recipe.backend == "npu-sim":
+        from .npu_sim import NpuSimBackend
+
+        return NpuSimBackend(recipe.npu_sim)
+    return CpuBackend()
 
 
 __all__ = ["CpuBackend", "CudaBackend", "get_backend"]

@@ -5,8 +5,10 @@ import resource
 
 import torch
 
+from .base import Backend
 
-class CpuBackend:
+
+class CpuBackend(Backend):
     name = "cpu"
     device = torch.device("cpu")
 
@@ -19,6 +21,3 @@ class CpuBackend:
     def peak_mem_mb(self) -> float:
         """Peak resident set size of this process (Linux reports ru_maxrss in KiB)."""
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-    def synchronize(self) -> None:
-        pass

@@ -3,9 +3,10 @@ from __future__ import annotations
 import torch
 
 from ..errors import BadInput
+from .base import Backend
 
 
-class CudaBackend:
+class CudaBackend(Backend):
     name = "cuda"
 
     def __init__(self):

@@ -1,0 +1,109 @@
+"""Backend `npu-sim`: frozen-weight products on a simulated phone NPU, the rest of training on the CPU.
+
+The tensors live on the host CPU; what is simulated is the NPU's interface (resident weights, forward
+products only), its numerics (FP16 with row protection, int8/int4 weights) and the phone's time, energy and
+temperature (device.py). What the CPU lane is billed for: adapter products, the attention core (QK^T and PV,
+forward and backward), the LM head (it runs on the few target positions only, so it stays on the CPU) and
+the AdamW update. Norms, activations and residual adds are not modelled.
+"""
+
+from __future__ import annotations
+
+from torch import nn
+
+from ..cpu import CpuBackend
+from .device import DeviceModel, load_profile
+from .executor import Calibration, NpuExecutor
+from .linear import install
+
+
+class NpuSimBackend(CpuBackend):
+    name = "npu-sim"
+
+    def __init__(self, config):
+        self.config = config
+        self.profile = load_profile(config.device)
+        self.device_model = DeviceModel(self.profile, config.overlap)
+        self.executor = NpuExecutor(config.weights, config.row_protection, config.overlap)
+        self.trainable = 0
+        self.fp32_layers: list[str] = []
+        self._step = 0
+
+    def prepare(self, loaded) -> None:
+        install(loaded.layers, self.executor, self.device_model)
+        if self.config.precision == "fp32":
+            self._set_fp32([r.name for r in self.executor.residents])
+        for layer in loaded.layers:
+            if hasattr(layer, "self_attn"):
+                _bill_attention(layer.self_attn, self.device_model)
+        head = loaded.model.get_output_embeddings()
+        if head is not None:
+            _bill_cpu_linear(head, self.device_model)
+        self.trainable = sum(p.numel() for p in loaded.model.parameters() if p.requires_grad)
+
+    def begin_step(self, step: int) -> None:
+        self._step = step
+        self.device_model.begin_step()
+        calibrating = self.config.precision == "auto" and step < self.config.calibration_steps
+        if calibrating and self.executor.calibration is None:
+            self.executor.calibration = Calibration()
+
+    def end_step(self) -> tuple[dict, list[dict]]:
+        n = self.trainable  # AdamW: ~10 flops a parameter; reads p, g, m, v and writes p, m, v in fp32
+        self.device_model.record(cpu_s=self.device_model.cpu_seconds(10.0 * n, 28.0 * n))
+        metrics, thermal = self.device_model.end_step()
+        step = self._step + 1
+        events = [{"step": step, "event": e, "sim_temp_c": metrics["sim_temp_c"]} for e in thermal]
+        calibration = self.executor.calibration
+        if calibration is not None and step >= self.config.calibration_steps:
+            self._set_fp32(calibration.sensitive(self.config.fp32_threshold))
+            events.append({"step": step, "event": "precision", "fp32_layers": self.fp32_layers,
+                           "max_relative_error": max(calibration.relative_error.values(), default=0.0),
+                           "max_underflow": max(calibration.underflow.values(), default=0.0)})
+            self.executor.calibration = None
+        return {**metrics, "npu_protected_rows": self.executor.protected_rows}, events
+
+    def _set_fp32(self, names: list[str]) -> None:
+        self.fp32_layers = sorted(names)
+        for resident in self.executor.residents:
+            resident.precision = "fp32" if resident.name in names else "fp16"
+
+    def resident_bytes(self) -> int:
+        return self.executor.resident_bytes()
+
+    def state_dict(self) -> dict:
+        calibration = self.executor.calibration
+        return {"device": self.device_model.state_dict(), "fp32_layers": self.fp32_layers,
+                "protected_rows": self.executor.protected_rows,
+                "calibration": None if calibration is None else vars(calibration)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.device_model.load_state_dict(state["device"])
+        self._set_fp32(state["fp32_layers"])
+        self.executor.protected_rows = state["protected_rows"]
+        self.executor.calibration = None if state["calibration"] is None else Calibration(**state["calibration"])
+
+
+def _bill_attention(attention: nn.Module, device: DeviceModel) -> None:
+    """The attention core runs on the CPU: 4 B T^2 d flops forward (QK^T and PV), twice that backward."""
+
+    def hook(module, args, kwargs, output):
+        hidden = kwargs.get("hidden_states", args[0] if args else None)
+        out = output[0] if isinstance(output, tuple) else output
+        batch, length, _ = hidden.shape
+        flops = 4.0 * batch * length * length * out.shape[-1]
+        device.record(cpu_s=device.cpu_seconds(flops))
+        if out.requires_grad:
+            out.register_hook(lambda grad: device.record(cpu_s=device.cpu_seconds(2 * flops)))
+
+    attention.register_forward_hook(hook, with_kwargs=True)
+
+
+def _bill_cpu_linear(linear: nn.Module, device: DeviceModel) -> None:
+    def hook(module, args, output):
+        flops = 2.0 * output.numel() * args[0].shape[-1]
+        device.record(cpu_s=device.cpu_seconds(flops))
+        if output.requires_grad:
+            output.register_hook(lambda grad: device.record(cpu_s=device.cpu_seconds(flops)))
+
+    linear.register_forward_hook(hook)

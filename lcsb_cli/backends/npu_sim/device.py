@@ -1,0 +1,127 @@
+"""Simulated phone: per-product roofline times on an NPU and a CPU lane, energy, and a first-order thermal model.
+
+A product's time is max(flops / throughput, bytes / memory bandwidth) plus, on the NPU, a launch overhead.
+Work that runs concurrently (an NPU product and the CPU's adapter work of the same linear, when overlap is
+on) costs the longer of the two; the rest adds up. Energy is each unit's active power times its busy time
+plus the idle floor over the step. The device body is one thermal mass C (J/K) with resistance R (K/W) to
+ambient: over a step of length dt at mean power P, T <- T_amb + P R + (T - T_amb - P R) exp(-dt / RC).
+Above `throttle_c` the NPU clock drops to `throttle_clock` until T falls `hysteresis_c` below the threshold.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from ...errors import BadInput
+
+DEVICE_DIR = Path(__file__).resolve().parents[3] / "configs" / "devices"
+WEIGHT_BYTES = {"fp16": 2.0, "int8": 1.0, "int4": 0.5}
+
+
+@dataclass(frozen=True)
+class DeviceProfile:
+    name: str
+    npu_fp16_tflops: float  # dense fp16 matmul peak
+    npu_efficiency: float  # fraction of peak a training-sized matmul reaches
+    npu_launch_us: float  # fixed cost of one NPU product (graph launch, sync)
+    npu_power_w: float  # NPU active power
+    cpu_gflops: float  # sustained fp32 matmul throughput of the cores the trainer uses
+    cpu_power_w: float  # those cores' active power
+    idle_power_w: float  # SoC + DRAM floor while the job runs
+    memory_gbs: float  # DRAM bandwidth
+    heat_capacity_j_per_c: float
+    thermal_resistance_c_per_w: float
+    ambient_c: float
+    throttle_c: float
+    throttle_clock: float  # NPU clock factor while throttled
+    hysteresis_c: float
+
+
+def device_names() -> list[str]:
+    return sorted(p.stem for p in DEVICE_DIR.glob("*.yaml"))
+
+
+def load_profile(name: str) -> DeviceProfile:
+    """A profile from configs/devices/NAME.yaml, or from a YAML file path."""
+    path = DEVICE_DIR / f"{name}.yaml" if name in device_names() else Path(name).expanduser()
+    if not path.is_file():
+        raise BadInput(f"npu_sim.device: {name!r} is neither a profile ({', '.join(device_names())}) nor a file")
+    try:
+        data = yaml.safe_load(path.read_text())
+        fields = {f.name for f in dataclasses.fields(DeviceProfile)} - {"name"}
+        missing = sorted(fields - set(data or {}))
+        if missing:
+            raise BadInput(f"npu_sim.device: {path} lacks {', '.join(missing)}")
+        return DeviceProfile(name=path.stem, **{k: float(data[k]) for k in fields})
+    except (yaml.YAMLError, TypeError, ValueError, AttributeError) as exc:
+        raise BadInput(f"npu_sim.device: {path} is not a valid device profile ({exc})".splitlines()[0]) from exc
+
+
+class DeviceModel:
+    """Accumulates one step's work, then turns it into simulated time, energy and temperature."""
+
+    def __init__(self, profile: DeviceProfile, overlap: bool = True):
+        self.profile, self.overlap = profile, overlap
+        self.temp_c = profile.ambient_c
+        self.throttled = False
+        self.throttled_s = 0.0
+        self._segments: list[tuple[float, float]] = []  # (npu seconds, cpu seconds) run side by side
+
+    @property
+    def clock(self) -> float:
+        return self.profile.throttle_clock if self.throttled else 1.0
+
+    def npu_seconds(self, flops: float, weight_bytes: float, activation_bytes: float) -> float:
+        p = self.profile
+        compute = flops / (p.npu_fp16_tflops * 1e12 * p.npu_efficiency * self.clock)
+        return max(compute, (weight_bytes + activation_bytes) / (p.memory_gbs * 1e9)) + p.npu_launch_us * 1e-6
+
+    def cpu_seconds(self, flops: float, nbytes: float = 0.0) -> float:
+        p = self.profile
+        return max(flops / (p.cpu_gflops * 1e9), nbytes / (p.memory_gbs * 1e9))
+
+    def record(self, npu_s: float = 0.0, cpu_s: float = 0.0) -> None:
+        self._segments.append((npu_s, cpu_s))
+
+    def begin_step(self) -> None:
+        self._segments.clear()
+
+    def end_step(self) -> tuple[dict, list[str]]:
+        """This step's metrics, and the thermal events it caused (npu_clock_throttled, npu_clock_restored)."""
+        npu = sum(n for n, _ in self._segments)
+        cpu = sum(c for _, c in self._segments)
+        elapsed = sum(max(n, c) if self.overlap else n + c for n, c in self._segments)
+        p = self.profile
+        energy = p.npu_power_w * npu + p.cpu_power_w * cpu + p.idle_power_w * elapsed
+        was_throttled = self.throttled
+        events = self.advance(elapsed, energy / elapsed if elapsed else p.idle_power_w)
+        if was_throttled:
+            self.throttled_s += elapsed
+        metrics = {"sim_step_time_s": elapsed, "sim_energy_j": energy, "sim_temp_c": self.temp_c,
+                   "npu_util": npu / elapsed if elapsed else 0.0}
+        return metrics, events
+
+    def advance(self, seconds: float, power_w: float) -> list[str]:
+        """Let `seconds` pass at mean power `power_w`; cooling while idle is `advance(s, idle_power_w)`."""
+        p = self.profile
+        steady = p.ambient_c + power_w * p.thermal_resistance_c_per_w
+        tau = p.heat_capacity_j_per_c * p.thermal_resistance_c_per_w
+        self.temp_c = steady + (self.temp_c - steady) * math.exp(-seconds / tau)
+        if not self.throttled and self.temp_c >= p.throttle_c:
+            self.throttled = True
+            return ["npu_clock_throttled"]
+        if self.throttled and self.temp_c <= p.throttle_c - p.hysteresis_c:
+            self.throttled = False
+            return ["npu_clock_restored"]
+        return []
+
+    def state_dict(self) -> dict:
+        return {"temp_c": self.temp_c, "throttled": self.throttled, "throttled_s": self.throttled_s}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.temp_c, self.throttled, self.throttled_s = state["temp_c"], state["throttled"], state["throttled_s"]

@@ -1,0 +1,67 @@
+"""Training state on disk: checkpoints with everything exact resume needs, and the final adapter."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import torch
+from peft import get_peft_model_state_dict, set_peft_model_state_dict
+
+from .checkpoint import CorruptCheckpoint, checkpoint_dirs, load_checkpoint, save_checkpoint, step_of
+from .errors import BadInput
+
+KEEP_CHECKPOINTS = 3
+
+
+def save_state(run_dir: Path, step: int, trainer, wall_time_s: float) -> None:
+    state = {
+        "step": step, "wall_time_s": wall_time_s, "optimizer": trainer.optimizer.state_dict(),
+        "lr_scheduler": trainer.lr_scheduler.state_dict(), "method": trainer.method.state_dict(),
+        "trainer": trainer.state_dict(),
+        "rng": {"torch": torch.get_rng_state(),
+                "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []},
+    }
+    save_checkpoint(run_dir, step, get_peft_model_state_dict(trainer.model), state, keep=KEEP_CHECKPOINTS)
+
+
+def resume_state(run_dir: Path, trainer) -> tuple[int, float, list[dict]]:
+    """Restore the newest intact checkpoint; a corrupt one (checksum mismatch) is skipped and reported."""
+    notes = []
+    for path in checkpoint_dirs(run_dir):
+        try:
+            adapter, state = load_checkpoint(path)
+        except CorruptCheckpoint as exc:
+            notes.append({"step": step_of(path), "event": "checkpoint_corrupt", "reason": str(exc)})
+            continue
+        restore(adapter, state, trainer)
+        step = int(state["step"])
+        for note in notes:
+            note["resumed_from"] = step
+        return step, float(state["wall_time_s"]), notes
+    raise BadInput(f"{run_dir}: no intact checkpoint to resume from ({notes[-1]['reason'] if notes else 'none'})")
+
+
+def restore(adapter: dict, state: dict, trainer) -> None:
+    set_peft_model_state_dict(trainer.model, adapter)
+    trainer.optimizer.load_state_dict(state["optimizer"])
+    trainer.lr_scheduler.load_state_dict(state["lr_scheduler"])
+    trainer.method.load_state_dict(state["method"])
+    trainer.load_state_dict(state["trainer"])
+    torch.set_rng_state(state["rng"]["torch"])
+    if state["rng"]["cuda"]:
+        torch.cuda.set_rng_state_all(state["rng"]["cuda"])
+
+
+def save_adapter(model, target: Path) -> None:
+    """PEFT format (adapter_config.json + adapter_model.safetensors), replaced atomically."""
+    tmp = target.with_name(f".{target.name}.tmp")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    model.save_pretrained(tmp)
+    old = target.with_name(f".{target.name}.old")
+    if target.exists():
+        target.rename(old)
+    tmp.rename(target)
+    if old.exists():
+        shutil.rmtree(old)
