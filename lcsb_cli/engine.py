@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-import statistics
-from collections import Counter
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,7 +23,9 @@ from .evaluate import evaluate_questions
 from .methods import build_method
 from .models import load_model, lora_parameters
 from .recipe import Recipe, check_layer_counts
+from .overnight import Job, write_report
 from .resume import resume_state, save_adapter, save_state
+from .summary import aggregate, summarize
 
 
 def causal_lm_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -172,25 +172,38 @@ class Trainer:
 
 
 def train(recipe: Recipe, run_dir: Path, reporter: Reporter, resume: bool = False, force: bool = False,
-          adapter_dir: Path | None = None) -> dict:
-    """Check the run dir, set up, restore a checkpoint if resuming, claim the run dir, then run the steps.
+          adapter_dir: Path | None = None, job: Job | None = None) -> dict:
+    """Check the run dir, wait for the overnight window, set up, restore a checkpoint if resuming, claim the run
+    dir, then run the steps until done or stopped (SIGTERM/SIGINT, window end, time limit: checkpointed, exit 0).
 
     Nothing in `run_dir` changes until every check and the whole set-up have passed.
     """
     run_dir = Path(run_dir)
+    if job is None:
+        job = Job(recipe.overnight, run_dir)
+        with job.signals:
+            return _train(recipe, run_dir, reporter, resume, force, adapter_dir, job, owner=True)
+    return _train(recipe, run_dir, reporter, resume, force, adapter_dir, job, owner=False)
+
+
+def _train(recipe, run_dir, reporter, resume, force, adapter_dir, job, owner) -> dict:
     if recipe.data.user == "all":
-        return train_per_user(recipe, run_dir, reporter, resume, force)
+        return train_per_user(recipe, run_dir, reporter, resume, force, job)
     if resume:
         rundir.check_resume(run_dir, recipe)
     else:
         rundir.check_fresh(run_dir, force)
+    if owner and job.wait_for_window():
+        return {"stopped": job.signals.requested, "steps": 0}
     trainer, loaded, held_out = build_trainer(recipe)
     first_step, wall_before, notes = resume_state(run_dir, trainer) if resume else (0, 0.0, [])
     rundir.claim(run_dir, recipe, resume, first_step)
+    if owner:
+        job.load(resume)
     reporter.on_start({"recipe": recipe, "run_dir": run_dir, "first_step": first_step, "notes": notes,
                        "params": sum(p.numel() for p in trainer.params), "layers": len(loaded.layers)})
     return _run_steps(recipe, run_dir, trainer, loaded, held_out, reporter, first_step, wall_before,
-                      adapter_dir or run_dir / "adapter", notes)
+                      adapter_dir or run_dir / "adapter", notes, job)
 
 
 def build_trainer(recipe: Recipe):
@@ -204,7 +217,7 @@ def build_trainer(recipe: Recipe):
     check_layer_counts(recipe, len(loaded.layers))
     backend.prepare(loaded)
     batches = build_train_batches(recipe, loaded.tokenizer, train_questions(recipe))
-    held_out = eval_questions(recipe) if recipe.train.eval_every else []
+    held_out = eval_questions(recipe) if recipe.train.eval_every or recipe.overnight.report else []
     params = lora_parameters(loaded.model)
     lr = recipe.mezo.lr if recipe.method == "mezo" else recipe.train.lr
     optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=recipe.train.weight_decay)
@@ -221,16 +234,25 @@ def build_trainer(recipe: Recipe):
 
 
 def _run_steps(recipe, run_dir, trainer, loaded, held_out, reporter, first_step, wall_before, adapter_dir,
-               notes) -> dict:
+               notes, job) -> dict:
     trainer.good.take()
+    if recipe.overnight.report and job.state["eval_before"] is None:
+        job.state["eval_before"] = _held_out_metrics(loaded, held_out, recipe)
     loaded.model.train()
     started = time.perf_counter()
     cfg = recipe.train
-    diverged = None
+    diverged = stopped = None
+    done = first_step
     with open(run_dir / "metrics.jsonl", "a") as log:
         for note in notes:
             log.write(_json_line(note))
         for step in range(first_step, cfg.max_steps):
+            stopped = job.stop_reason()
+            if stopped:
+                break
+            pause = job.cool_down(trainer.backend)
+            if pause:
+                log.write(_json_line({"step": step, "event": "throttled", **pause}))
             row = _guarded_step(trainer, step, recipe)
             done = step + 1
             if done % cfg.log_every == 0 or done == cfg.max_steps or "event" in row:
@@ -252,15 +274,30 @@ def _run_steps(recipe, run_dir, trainer, loaded, held_out, reporter, first_step,
                 save_state(run_dir, done, trainer, wall_before + time.perf_counter() - started)
             if diverged:
                 break
+        if stopped and done > first_step and not (cfg.save_every and done % cfg.save_every == 0):
+            save_state(run_dir, done, trainer, wall_before + time.perf_counter() - started)
     wall = wall_before + time.perf_counter() - started
     save_adapter(loaded.model, adapter_dir)
     summary = summarize(rundir.read_metrics(run_dir / "metrics.jsonl"), trainer.method, wall)
     summary["diverged"] = diverged is not None
+    if stopped:
+        summary["stopped"] = stopped
+        job.interrupted(done, stopped)
     write_json_atomic(run_dir / "summary.json", summary)
+    job.save()
+    if recipe.overnight.report:
+        write_report(run_dir, recipe, job.state, summary, _held_out_metrics(loaded, held_out, recipe), adapter_dir)
     reporter.on_end(summary)
     if diverged:
         raise diverged
     return summary
+
+
+def _held_out_metrics(loaded, held_out, recipe: Recipe) -> dict:
+    from .evaluate import summary_row
+
+    _, metrics = evaluate_questions(loaded.model, loaded.tokenizer, held_out, recipe)
+    return summary_row(metrics)
 
 
 def _guarded_step(trainer: Trainer, step: int, recipe: Recipe) -> dict:
@@ -283,7 +320,7 @@ def _is_allocation_failure(exc: RuntimeError) -> bool:
     return "can't allocate memory" in text or "out of memory" in text.lower()
 
 
-def train_per_user(recipe: Recipe, run_dir: Path, reporter: Reporter, resume: bool, force: bool) -> dict:
+def train_per_user(recipe: Recipe, run_dir: Path, reporter: Reporter, resume: bool, force: bool, job: Job) -> dict:
     """One adapter per user (`data.user: all`): users/ID/ holds each user's run, adapters/ID/ its adapter.
 
     On --resume, finished users are kept, the interrupted one resumes from its checkpoint, the rest start.
@@ -296,62 +333,38 @@ def train_per_user(recipe: Recipe, run_dir: Path, reporter: Reporter, resume: bo
     else:
         rundir.check_fresh(run_dir, force)
     user_ids = list(users(recipe))
+    if job.wait_for_window():
+        return {"stopped": job.signals.requested, "steps": 0}
     rundir.claim(run_dir, recipe, resume, 0)
-    summaries = {}
+    job.load(resume)
+    summaries, stopped = {}, None
     for user_id in user_ids:
         sub_dir = run_dir / "users" / user_id
-        done = (sub_dir / "summary.json").is_file()
+        finished = _finished_summary(sub_dir)
         user_reporter = reporter.for_user(user_id) if hasattr(reporter, "for_user") else reporter
         try:
-            summaries[user_id] = json.loads((sub_dir / "summary.json").read_text()) if done else train(
+            summaries[user_id] = finished or train(
                 replace_key(recipe, "data.user", user_id), sub_dir, user_reporter,
                 resume=resume and rundir.holds_run(sub_dir), force=True, adapter_dir=run_dir / "adapters" / user_id,
+                job=job,
             )
         except Diverged as exc:
             raise Diverged(f"user {user_id} (users/{user_id}): {exc}") from exc
+        stopped = summaries[user_id].get("stopped")
+        if stopped:
+            break
     summary = {**aggregate(list(summaries.values())), "users": len(summaries)}
+    if stopped:
+        summary["stopped"] = stopped
     write_json_atomic(run_dir / "summary.json", summary)
     reporter.on_end(summary)
     return summary
 
 
-def aggregate(summaries: list[dict]) -> dict:
-    first = summaries[0]
-    return {
-        "method": first["method"], "blocks": first["blocks"], "steps": sum(s["steps"] for s in summaries),
-        "final_loss": statistics.mean(s["final_loss"] for s in summaries),
-        "median_step_time_s": statistics.median(s["median_step_time_s"] for s in summaries),
-        "tokens_per_s": statistics.mean(s["tokens_per_s"] for s in summaries),
-        "peak_mem_mb": max(s["peak_mem_mb"] for s in summaries),
-        "wall_time_s": sum(s["wall_time_s"] for s in summaries),
-        "diverged": any(s["diverged"] for s in summaries),
-        "events": dict(sum((Counter(s["events"]) for s in summaries), Counter())),
-    }
-
-
-def summarize(rows: list[dict], method, wall_time_s: float) -> dict:
-    steps = [r for r in rows if "loss" in r]
-    times = [r["step_time_s"] for r in steps]
-    tokens = sum(r["tokens"] for r in steps)
-    return {
-        "method": method.name, "blocks": method.blocks, "steps": steps[-1]["step"] if steps else 0,
-        "final_loss": steps[-1]["loss"] if steps else None,
-        "median_step_time_s": statistics.median(times) if times else None,
-        "tokens_per_s": tokens / sum(times) if times else None,
-        "peak_mem_mb": max((r["peak_mem_mb"] for r in steps), default=None),
-        "wall_time_s": wall_time_s, "diverged": False,
-        "events": dict(Counter(r["event"] for r in rows if "event" in r)),
-        **_simulated_totals(steps),
-    }
-
-
-def _simulated_totals(steps: list[dict]) -> dict:
-    """npu-sim runs: the simulated phone's totals."""
-    if not steps or "sim_step_time_s" not in steps[-1]:
-        return {}
-    return {"sim_median_step_time_s": statistics.median(r["sim_step_time_s"] for r in steps),
-            "sim_energy_j": sum(r["sim_energy_j"] for r in steps), "sim_max_temp_c": max(r["sim_temp_c"] for r in steps),
-            "npu_util": statistics.median(r["npu_util"] for r in steps)}
+def _finished_summary(run_dir: Path) -> dict | None:
+    path = run_dir / "summary.json"
+    summary = json.loads(path.read_text()) if path.is_file() else None
+    return None if summary is None or summary.get("stopped") else summary
 
 
 def _json_line(row: dict) -> str:

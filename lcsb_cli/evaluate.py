@@ -46,8 +46,12 @@ def majority_accuracy(train_golds: Sequence[str], eval_golds: Sequence[str]) -> 
     return sum(g == majority for g in eval_golds) / len(eval_golds)
 
 
-def predictions_file(questions: Sequence[LampQuestion], preds: Sequence[str]) -> dict:
-    return {"task": "LaMP_2", "golds": [{"id": q.id, "output": p} for q, p in zip(questions, preds)]}
+def task_name(recipe: Recipe) -> str:
+    return "LaMP_2" if recipe.data.format == "lamp2" else "personal"
+
+
+def predictions_file(questions: Sequence[LampQuestion], preds: Sequence[str], task: str = "LaMP_2") -> dict:
+    return {"task": task, "golds": [{"id": q.id, "output": p} for q, p in zip(questions, preds)]}
 
 
 def predict(model, tokenizer, questions: Sequence[LampQuestion], recipe: Recipe) -> list[str]:
@@ -128,8 +132,10 @@ def generate_tags(model, tokenizer, questions, prompts, recipe, device) -> list[
 
 
 def evaluate_questions(model, tokenizer, questions: Sequence[LampQuestion], recipe: Recipe):
+    from .data import label_set
+
     preds = predict(model, tokenizer, questions, recipe)
-    return preds, lamp2_metrics([q.output for q in questions], preds)
+    return preds, lamp2_metrics([q.output for q in questions], preds, label_set(recipe))
 
 
 def summary_row(metrics: dict) -> dict:
@@ -173,9 +179,9 @@ def run_eval(recipe: Recipe, output: Path, adapter: Path | None = None, run_dir:
         preds, metrics = evaluate_questions(loaded.model, loaded.tokenizer, questions, recipe)
         train_golds = [q.output for q in train_questions(recipe)]
         metrics["majority_accuracy"] = majority_accuracy(train_golds, [q.output for q in questions])
-    result = {"task": "LaMP_2", "mode": recipe.eval.mode, "model": recipe.model.name,
+    result = {"task": task_name(recipe), "mode": recipe.eval.mode, "model": recipe.model.name,
               "adapter": str(adapter) if adapter else None, "profile_k": recipe.data.profile_k, **metrics}
-    write_results(output, result, predictions_file(questions, preds))
+    write_results(output, result, predictions_file(questions, preds, task_name(recipe)))
     return result
 
 

@@ -54,7 +54,7 @@ class NpuSimConfig:
 
 @dataclass
 class DataConfig:
-    format: str = "lamp2"
+    format: str = "lamp2"  # lamp2 (LaMP-2 JSON) | jsonl (phone-collected labels: id, text, label, timestamp)
     train: str | None = None
     train_labels: str | None = None
     eval: str | None = None
@@ -62,6 +62,17 @@ class DataConfig:
     max_length: int = 256
     profile_k: int = 0  # prepend the k most relevant profile items (BM25) to each question
     user: str | None = None  # train/evaluate one user's adapter (a user id), or one adapter per user (all)
+    eval_fraction: float = 0.2  # jsonl: the newest fraction of the items is held out for evaluation
+    on_bad_line: str = "error"  # jsonl: error (stop, naming the line) | skip (count it in the report)
+    labels: list[str] | None = None  # jsonl: the label set; null infers it from the data
+
+
+@dataclass
+class OvernightConfig:
+    window: str | None = None  # "HH:MM-HH:MM": wait for the start, stop (checkpointed) at the end
+    max_minutes: float = 0.0  # stop (checkpointed) after this many minutes of this process; 0: no limit
+    max_temp_c: float = 0.0  # pause while the device is hotter than this; 0: never
+    report: bool = False  # eval before and after training, report.md + report.json in the run dir
 
 
 @dataclass
@@ -132,6 +143,7 @@ class Recipe:
     mezo: MezoConfig = field(default_factory=MezoConfig)
     divergence: DivergenceConfig = field(default_factory=DivergenceConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    overnight: OvernightConfig = field(default_factory=OvernightConfig)
     output_dir: str | None = None  # default: runs/NAME
 
 
@@ -145,7 +157,8 @@ CHOICES = {
     "backend": ("cpu", "cuda", "npu-sim"),
     "npu_sim.weights": ("fp16", "int8", "int4"),
     "npu_sim.precision": ("auto", "fp16", "fp32"),
-    "data.format": ("lamp2",),
+    "data.format": ("lamp2", "jsonl"),
+    "data.on_bad_line": ("error", "skip"),
     "train.lr_scheduler": ("cosine", "linear", "constant"),
     "train.autocast": ("none", "bf16"),
     "eval.mode": ("score", "generate"),
@@ -158,8 +171,10 @@ MINIMUMS = {
     "eval.max_new_tokens": 1, "divergence.spike_factor": 1.0, "divergence.patience": 1,
     "divergence.lr_backoff": 0.0, "freeze.layers": 1, "lisa.layers": 1, "lisa.interval": 1, "lora.dropout": 0.0, "train.weight_decay": 0.0, "train.max_grad_norm": 0.0,
     "npu_sim.calibration_steps": 1, "npu_sim.fp32_threshold": 0.0,
+    "overnight.max_minutes": 0.0, "overnight.max_temp_c": 0.0,
 }
 PATH_KEYS = ("data.train", "data.train_labels", "data.eval", "data.eval_labels")
+NAME_OR_PATH_KEYS = ("model.name", "npu_sim.device")  # a built-in name, or a path when it holds a "/"
 
 
 def load_recipe(path: str | Path, overrides: typing.Sequence[str] = ()) -> Recipe:
@@ -229,10 +244,27 @@ def validate(recipe: Recipe) -> None:
                        "set train.autocast=none")
     if not recipe.lora.targets:
         raise BadInput("lora.targets: name at least one module, e.g. [q_proj, v_proj]")
-    if recipe.data.train is None and recipe.data.user is None:
+    if recipe.data.format == "jsonl":
+        _validate_jsonl(recipe.data)
+    elif recipe.data.train is None and recipe.data.user is None:
         raise BadInput("data.train: no training file given (a LaMP-2 *_questions.json)")
-    if recipe.data.user is not None and recipe.data.eval is None:
+    if recipe.overnight.report and recipe.data.user == "all":
+        raise BadInput("overnight.report: per-user runs are reported by `lcsb eval RUN_DIR`; set it false")
+    if recipe.overnight.window is not None:
+        from .overnight import parse_window
+
+        parse_window(recipe.overnight.window)
+    if recipe.data.format == "lamp2" and recipe.data.user is not None and recipe.data.eval is None:
         raise BadInput("data.eval: per-user runs (data.user) need the users' questions file")
+
+
+def _validate_jsonl(data: DataConfig) -> None:
+    if data.train is None:
+        raise BadInput("data.train: no file given (the phone-collected labels, one JSON object a line)")
+    if data.user == "all":
+        raise BadInput("data.user: 'all' is for LaMP-2; a jsonl file is one phone's data (give a user id or null)")
+    if not 0 < data.eval_fraction < 1:
+        raise BadInput(f"data.eval_fraction: {data.eval_fraction} must be between 0 and 1 (the newest items held out)")
 
 
 def check_layer_counts(recipe: Recipe, num_layers: int) -> None:
@@ -269,9 +301,11 @@ def _resolve_paths(raw: dict, base: Path) -> None:
         value = (raw.get(section) or {}).get(name) if isinstance(raw.get(section), dict) else None
         if isinstance(value, str):
             raw[section][name] = str((base / value).resolve())
-    model = raw.get("model")
-    if isinstance(model, dict) and isinstance(model.get("name"), str) and "/" in model["name"]:
-        model["name"] = str((base / Path(model["name"]).expanduser()).resolve())
+    for key in NAME_OR_PATH_KEYS:
+        section, name = key.split(".")
+        node = raw.get(section)
+        if isinstance(node, dict) and isinstance(node.get(name), str) and "/" in node[name]:
+            node[name] = str((base / Path(node[name]).expanduser()).resolve())
 
 
 def _apply_override(raw: dict, item: str) -> None:
@@ -282,7 +316,7 @@ def _apply_override(raw: dict, item: str) -> None:
         value = yaml.safe_load(text) if text else None
     except yaml.YAMLError:
         value = text
-    if (key in PATH_KEYS and value is not None) or (key == "model.name" and isinstance(value, str) and "/" in value):
+    if (key in PATH_KEYS and value is not None) or (key in NAME_OR_PATH_KEYS and isinstance(value, str) and "/" in value):
         # the text as typed unless YAML read a string (a file named 2024 stays "2024"); `data.eval=null` clears
         value = str(Path(value if isinstance(value, str) else text).expanduser().resolve())
     *parents, leaf = key.split(".")

@@ -1,7 +1,8 @@
-"""Training and evaluation data: recipe -> LaMP-2 questions -> tokenized dataset -> micro-batches.
+"""Training and evaluation data: recipe -> questions -> tokenized dataset -> micro-batches.
 
-Pooled training uses `data.train`; per-user training (`data.user`) uses a user's profile items, taken from
-that user's evaluation questions, as (description -> tag) examples, the on-device personalization setting.
+LaMP-2: pooled training uses `data.train`; per-user training (`data.user`) uses a user's profile items, taken
+from that user's evaluation questions, as (description -> tag) examples, the on-device personalization setting.
+jsonl (phone-collected labels): one file, split by time; the newest `data.eval_fraction` is held out.
 """
 
 from __future__ import annotations
@@ -11,7 +12,30 @@ from pathlib import Path
 from ..errors import BadInput
 from ..recipe import Recipe
 from .batching import BatchStream
-from .lamp2 import LampQuestion, group_by_user, lamp2_dataset, load_lamp2, profile_questions
+from .lamp2 import TAGS, LampQuestion, group_by_user, lamp2_dataset, load_lamp2, profile_questions
+from .personal import PersonalData, filter_user, load_personal, time_split, to_questions
+
+
+def personal_data(recipe: Recipe) -> PersonalData:
+    data = recipe.data
+    if not Path(data.train).is_file():
+        raise BadInput(f"data.train: {data.train} does not exist")
+    return load_personal(data.train, data.on_bad_line, data.labels)
+
+
+def _personal_split(recipe: Recipe) -> tuple[list[LampQuestion], list[LampQuestion]]:
+    """(training questions, held-out newest questions) of a jsonl recipe."""
+    loaded = personal_data(recipe)
+    examples = loaded.examples if recipe.data.user is None else filter_user(loaded.examples, recipe.data.user)
+    if not examples:
+        raise BadInput(f"data.user: no items of user {recipe.data.user!r} in {recipe.data.train}")
+    older, newest = time_split(examples, recipe.data.eval_fraction)
+    return to_questions(older, loaded.labels), to_questions(newest, loaded.labels)
+
+
+def label_set(recipe: Recipe) -> tuple[str, ...]:
+    """The labels predictions are scored over: LaMP-2's 15 tags, or the jsonl file's label set."""
+    return personal_data(recipe).labels if recipe.data.format == "jsonl" else TAGS
 
 
 def _load(recipe: Recipe, questions_key: str, labels_key: str) -> list[LampQuestion]:
@@ -28,6 +52,8 @@ def _load(recipe: Recipe, questions_key: str, labels_key: str) -> list[LampQuest
 
 
 def eval_questions(recipe: Recipe) -> list[LampQuestion]:
+    if recipe.data.format == "jsonl":
+        return _personal_split(recipe)[1]
     questions = _load(recipe, "eval", "eval_labels")
     if recipe.data.user not in (None, "all"):
         questions = users(recipe).get(recipe.data.user) or []
@@ -44,6 +70,8 @@ def users(recipe: Recipe) -> dict[str, list[LampQuestion]]:
 
 
 def train_questions(recipe: Recipe) -> list[LampQuestion]:
+    if recipe.data.format == "jsonl":
+        return _personal_split(recipe)[0]
     if recipe.data.user is None:
         return _load(recipe, "train", "train_labels")
     if recipe.data.user == "all":
