@@ -38,3 +38,17 @@ def test_bench_refuses_an_unknown_method_before_starting_anything(tmp_path):
                            "--output", str(tmp_path / "b")], cwd=REPO, capture_output=True, text=True)
     assert proc.returncode == 2 and "unknown method 'sgd'" in proc.stderr and "Traceback" not in proc.stderr
     assert not (tmp_path / "b").exists()
+
+
+def test_bench_on_npu_sim_reports_the_simulated_phone_per_method(tmp_path):
+    out = tmp_path / "bench"
+    cmd = [sys.executable, "-m", "lcsb_cli", "bench", str(LAMP2), "--compare", "full-backprop", "--steps", "2",
+           "--warmup", "0", "--output", str(out), "backend=npu-sim"]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"},
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lcsb, full = json.loads((out / "bench.json").read_text())["methods"]
+    assert full["sim_speedup"] == 1.0
+    assert lcsb["sim_speedup"] == full["sim_step_time_s"] / lcsb["sim_step_time_s"] > 1  # less backward work
+    assert lcsb["sim_energy_j"] < full["sim_energy_j"] and 0 < lcsb["npu_util"] <= 1
+    assert "Simulated on-device" in (out / "bench.md").read_text()
