@@ -1,7 +1,11 @@
-"""Write the synthetic overnight-personalization sample (one phone user filing messages) to recipes/data/personal/.
+"""Write the synthetic overnight-personalization samples to recipes/data/personal/.
 
-Each category has its own senders and phrases mixed with shared filler; messages from the user's sister nora
-always go to family, even when they are about work. Deterministic: the same --seed gives a byte-identical file.
+movies.jsonl: one phone user tagging the movies they watch in a watch-list app, with their own tag habits
+(the LaMP-2 domain, so the built-in lamp-tiny base knows the words and the tags; the recipe trains on it).
+messages.jsonl: one phone user filing messages into 5 folders; each has its own senders and phrases mixed with
+shared filler, and messages from the user's sister nora always go to family, even when they are about work
+(all new vocabulary for lamp-tiny: it needs a base model that reads English).
+Deterministic: the same --seed gives byte-identical files.
 Usage: python scripts/make_personal_sample.py [--out DIR] [--seed N]
 """
 
@@ -10,11 +14,17 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import sys
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from lcsb_cli.data import synthetic  # noqa: E402
+
 FILE_NAME = "messages.jsonl"
+MOVIES_FILE = "movies.jsonl"
 USER = "alex"
 N_EXAMPLES = 240
 DAYS = 14
@@ -82,11 +92,27 @@ def generate(seed: int = 0) -> list[dict]:
     return examples
 
 
+def generate_movies(seed: int = 0) -> list[dict]:
+    """The watch-list log: each movie's description and the tag this user gave it (their habit, 10% noise)."""
+    rng = random.Random(seed)
+    builder = synthetic._Builder(seed + 1)
+    habit, weights = synthetic._user(builder.rng)
+    examples = []
+    for index, timestamp in enumerate(_timestamps(rng), start=1):
+        text, label = builder.item(habit, weights)
+        examples.append({"id": f"w{index:04d}", "text": text, "label": label, "timestamp": timestamp, "user": USER})
+    return examples
+
+
+def _write(path: Path, examples: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(example) + "\n" for example in examples), encoding="utf-8")
+    return path
+
+
 def write_sample(out_dir: Path, seed: int = 0) -> Path:
     out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / FILE_NAME
-    path.write_text("".join(json.dumps(example) + "\n" for example in generate(seed)), encoding="utf-8")
-    return path
+    _write(out_dir / MOVIES_FILE, generate_movies(seed))
+    return _write(out_dir / FILE_NAME, generate(seed))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -94,8 +120,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, default=ROOT / "recipes" / "data" / "personal")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
-    path = write_sample(args.out, args.seed)
-    print(f"wrote {path} ({path.stat().st_size} bytes)")
+    write_sample(args.out, args.seed)
+    for name in (MOVIES_FILE, FILE_NAME):
+        print(f"wrote {args.out / name} ({(args.out / name).stat().st_size} bytes)")
 
 
 if __name__ == "__main__":

@@ -169,6 +169,7 @@ def test_cli_sigterm_exits_0_and_resume_finishes_with_a_morning_report(tmp_path)
     assert report["steps"] == 12 and report["finished"] and report["resumes"] == 1
     assert [i["reason"] for i in report["interruptions"]] == ["SIGTERM"]
     assert {"accuracy", "macro_f1"} <= report["eval_before"].keys() and report["throttled_s"] == 0
+    assert report["eval_after"]["accuracy"] > report["eval_before"]["accuracy"]  # the night taught it the user
     assert report["adapter"] == str(run / "adapter") and report["lines_skipped"] == 0
     assert "before training" in (run / "report.md").read_text()
 

@@ -234,6 +234,7 @@ def test_generator_is_deterministic(tmp_path, generator):
 def test_shipped_sample_matches_default_generation(tmp_path, generator):
     generator.main(["--out", str(tmp_path)])
     assert (tmp_path / "messages.jsonl").read_bytes() == SAMPLE.read_bytes()
+    assert (tmp_path / "movies.jsonl").read_bytes() == (SAMPLE.parent / "movies.jsonl").read_bytes()
 
 
 def test_shipped_sample_loads_cleanly(tokenizer):
