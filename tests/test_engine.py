@@ -8,7 +8,8 @@ import torch
 from helpers import LAMP2, adapter_tensors, assert_same_tensors, run_train
 from lcsb_cli.backends import CpuBackend
 from lcsb_cli.data import build_train_batches
-from lcsb_cli.engine import Trainer, causal_lm_loss
+from lcsb_cli.engine import Trainer
+from lcsb_cli.losses import causal_lm_loss
 from lcsb_cli.methods import build_method
 from lcsb_cli.models import load_model, lora_parameters
 from lcsb_cli.recipe import load_recipe

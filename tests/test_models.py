@@ -6,7 +6,7 @@ from torch import nn
 
 from helpers import LAMP2, adapter_tensors, run_train
 from lcsb_cli.data import build_train_batches
-from lcsb_cli.engine import causal_lm_loss
+from lcsb_cli.losses import causal_lm_loss
 from lcsb_cli.models import inference_mode, load_model
 from lcsb_cli.recipe import load_recipe
 from lcsb_cli.selective import SelectiveLayers, partition
