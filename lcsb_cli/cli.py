@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import os
 import sys
 import traceback
 from pathlib import Path
@@ -94,6 +95,7 @@ def train(
     output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Run directory (default: the recipe's output_dir).")] = None,
     resume: Annotated[bool, typer.Option("--resume", help="Continue the run in the output dir from its last checkpoint.")] = False,
     force: Annotated[bool, typer.Option("--force", help="Replace another run in the output dir.")] = False,
+    nproc: Annotated[int, typer.Option("--nproc", min=1, help="Data-parallel processes (launched with torchrun; gloo on CPU, nccl on CUDA).")] = 1,
 ) -> None:
     """Fine-tune with LoRA as the recipe says; writes config.yaml, metrics.jsonl, checkpoints/, adapter/, summary.json."""
     from .engine import train as run_training
@@ -102,7 +104,22 @@ def train(
     loaded = load_recipe(recipe_path(recipe), overrides or [])
     if output is not None:
         loaded.output_dir = str(output)
+    if nproc > 1 and "WORLD_SIZE" not in os.environ:
+        sys.exit(_launch(loaded, recipe, overrides or [], nproc, resume, force))
     run_training(loaded, Path(loaded.output_dir), RichReporter(err), resume=resume, force=force)
+
+
+def _launch(loaded, recipe: str, overrides: list[str], nproc: int, resume: bool, force: bool) -> int:
+    """Check what can be checked here (exit 2 before any worker starts), then rerun this command under torchrun."""
+    from .distributed import launch
+    from .rundir import check_fresh, check_resume
+
+    run_dir = Path(loaded.output_dir)
+    check_resume(run_dir, loaded) if resume else check_fresh(run_dir, force)
+    if loaded.method == "mezo":
+        raise BadInput("method: mezo has no gradients to share; run it in one process (no --nproc)")
+    flags = ["--output", str(run_dir)] + ["--resume"] * resume + ["--force"] * force
+    return launch(nproc, ["--debug"] * STATE["debug"] + ["train", str(recipe_path(recipe)), *overrides, *flags])
 
 
 @app.command("eval")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,6 +17,7 @@ from . import rundir
 from .backends import get_backend
 from .checkpoint import write_json_atomic
 from .data import build_train_batches, eval_questions, train_questions
+from .distributed import SINGLE, World, init_world
 from .divergence import DivergenceGuard, GoodState, all_finite, scale_lr
 from .errors import BadInput, Diverged
 from .evaluate import evaluate_questions
@@ -25,7 +27,7 @@ from .models import load_model, lora_parameters
 from .overnight import Job, write_report
 from .recipe import Recipe, check_layer_counts
 from .resume import resume_state, save_adapter, save_state
-from .summary import aggregate, summarize
+from .summary import summarize
 
 
 def target_tokens(batch: dict[str, torch.Tensor]) -> int:
@@ -36,6 +38,19 @@ class Reporter(Protocol):
     def on_start(self, info: dict) -> None: ...
     def on_step(self, row: dict) -> None: ...
     def on_end(self, summary: dict) -> None: ...
+
+
+class SilentReporter:
+    """Ranks other than 0 show nothing."""
+
+    def on_start(self, info: dict) -> None:
+        pass
+
+    def on_step(self, row: dict) -> None:
+        pass
+
+    def on_end(self, summary: dict) -> None:
+        pass
 
 
 @dataclass
@@ -54,6 +69,7 @@ class Trainer:
     autocast: str
     divergence: object  # recipe.divergence: action, spike_factor, patience, lr_backoff
     loss_fn: Callable = causal_lm_loss
+    world: World = SINGLE  # data parallel: the loss and the active block's gradients are summed over ranks
 
     def __post_init__(self):
         self.guard = DivergenceGuard(self.divergence.spike_factor, self.divergence.patience)
@@ -66,7 +82,7 @@ class Trainer:
         self.backend.begin_step(step)
         active = self.method.begin_step()
         micro = [self._to_device(self.batches.batch(step * self.grad_accum + i)) for i in range(self.grad_accum)]
-        n_targets = max(sum(target_tokens(b) for b in micro), 1)
+        n_targets = max(self.world.total(sum(target_tokens(b) for b in micro)), 1)
         lr = self.lr_scheduler.get_last_lr()[0]
         if self.method.zeroth_order:
             loss, grad_norm, problem, timing = self._zeroth_order_update(micro, n_targets, lr)
@@ -78,7 +94,7 @@ class Trainer:
         device_metrics, notes = self.backend.end_step()
         self.notes += notes
         elapsed = time.perf_counter() - start
-        tokens = int(sum(int(b["attention_mask"].sum()) for b in micro))
+        tokens = int(self.world.total(sum(int(b["attention_mask"].sum()) for b in micro)))
         return {
             "step": step + 1, "loss": loss, "lr": lr, "grad_norm": grad_norm, "tokens": tokens,
             "tokens_per_s": tokens / elapsed, "step_time_s": elapsed, "peak_mem_mb": self.backend.peak_mem_mb(),
@@ -99,7 +115,8 @@ class Trainer:
             self.backend.synchronize()
             backward_s += time.perf_counter() - mark
             loss += summed.detach()
-        loss = float(loss) / n_targets
+        loss = self.world.total(float(loss)) / n_targets
+        communicated = self.world.sync_grads(self.params)
         grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, self.max_grad_norm or math.inf))
         self.method.after_backward(active, grad_norm)
         problem = self.guard.check(loss, grad_norm)
@@ -111,7 +128,7 @@ class Trainer:
             if not all_finite(self.params):
                 problem = "the update made the weights non-finite"
         self.optimizer.zero_grad(set_to_none=True)
-        return loss, grad_norm, problem, {"forward_s": forward_s, "backward_s": backward_s}
+        return loss, grad_norm, problem, {"forward_s": forward_s, "backward_s": backward_s, **communicated}
 
     def _zeroth_order_update(self, micro: list[dict], n_targets: int, lr: float):
         def loss_at() -> float:
@@ -138,9 +155,13 @@ class Trainer:
         return {"event": "diverged", "reason": problem}
 
     def state_dict(self) -> dict:
-        return {"guard": self.guard.state_dict(), "backend": self.backend.state_dict()}
+        return {"guard": self.guard.state_dict(), "backend": self.backend.state_dict(), "world_size": self.world.size}
 
     def load_state_dict(self, state: dict) -> None:
+        saved = state.get("world_size", 1)
+        if saved != self.world.size:
+            raise BadInput(f"--resume: the run was trained with {saved} process(es), this is {self.world.size}; "
+                           f"resume with --nproc {saved}")
         self.guard.load_state_dict(state["guard"])
         self.backend.load_state_dict(state["backend"])
         self.good.reset()
@@ -162,24 +183,32 @@ def train(recipe: Recipe, run_dir: Path, reporter: Reporter, resume: bool = Fals
     """
     run_dir = Path(run_dir)
     if job is None:
-        job = Job(recipe.overnight, run_dir)
+        world = init_world(recipe.backend)
+        if world.size > 1 and recipe.method == "mezo":
+            raise BadInput("method: mezo has no gradients to share; run it in one process (no --nproc)")
+        job = Job(recipe.overnight, run_dir, writes=world.is_main)
         with job.signals:
-            return _train(recipe, run_dir, reporter, resume, force, adapter_dir, job, owner=True)
-    return _train(recipe, run_dir, reporter, resume, force, adapter_dir, job, owner=False)
+            return _train(recipe, run_dir, reporter if world.is_main else SilentReporter(), resume, force,
+                          adapter_dir, job, world, owner=True)
+    return _train(recipe, run_dir, reporter, resume, force, adapter_dir, job, SINGLE, owner=False)
 
 
-def _train(recipe, run_dir, reporter, resume, force, adapter_dir, job, owner) -> dict:
+def _train(recipe, run_dir, reporter, resume, force, adapter_dir, job, world, owner) -> dict:
     if recipe.data.user == "all":
-        return train_per_user(recipe, run_dir, reporter, resume, force, job)
+        from .per_user import train_per_user
+
+        return train_per_user(recipe, run_dir, reporter, resume, force, job, world)
     if resume:
         rundir.check_resume(run_dir, recipe)
     else:
         rundir.check_fresh(run_dir, force)
     if owner and job.wait_for_window():
         return {"stopped": job.signals.requested, "steps": 0}
-    trainer, loaded, held_out = build_trainer(recipe)
+    trainer, loaded, held_out = build_trainer(recipe, world)
     first_step, wall_before, notes = resume_state(run_dir, trainer) if resume else (0, 0.0, [])
-    rundir.claim(run_dir, recipe, resume, first_step)
+    world.barrier()  # every rank has checked the run dir before rank 0 writes into it
+    if world.is_main:
+        rundir.claim(run_dir, recipe, resume, first_step)
     if owner:
         job.load(resume)
     reporter.on_start({"recipe": recipe, "run_dir": run_dir, "first_step": first_step, "notes": notes,
@@ -188,17 +217,18 @@ def _train(recipe, run_dir, reporter, resume, force, adapter_dir, job, owner) ->
                       adapter_dir or run_dir / "adapter", notes, job)
 
 
-def build_trainer(recipe: Recipe):
-    """Set up in dependency order: threads and seed, backend, model, data, one AdamW over all LoRA
-    parameters (built before any block is frozen), LR schedule, method."""
+def build_trainer(recipe: Recipe, world: World = SINGLE):
+    """Set up in dependency order: threads and seed, backend, model, data (this rank's shard), one AdamW over
+    all LoRA parameters (built before any block is frozen), LR schedule, method."""
     if recipe.train.threads:
         torch.set_num_threads(recipe.train.threads)
     torch.manual_seed(recipe.train.seed)
     backend = get_backend(recipe)
-    loaded = load_model(recipe, backend.device)
+    with world.main_first():
+        loaded = load_model(recipe, backend.device)
     check_layer_counts(recipe, len(loaded.layers))
     backend.prepare(loaded)
-    batches = build_train_batches(recipe, loaded.tokenizer, train_questions(recipe))
+    batches = build_train_batches(recipe, loaded.tokenizer, train_questions(recipe), (world.rank, world.size))
     held_out = eval_questions(recipe) if recipe.train.eval_every or recipe.overnight.report else []
     params = lora_parameters(loaded.model)
     lr = recipe.mezo.lr if recipe.method == "mezo" else recipe.train.lr
@@ -210,26 +240,28 @@ def build_trainer(recipe: Recipe):
     method = build_method(recipe, loaded.model, loaded.layers, optimizer)
     trainer = Trainer(
         loaded.model, params, optimizer, lr_scheduler, method, batches, backend, recipe.train.grad_accum,
-        recipe.train.max_grad_norm, recipe.train.autocast, recipe.divergence,
+        recipe.train.max_grad_norm, recipe.train.autocast, recipe.divergence, world=world,
     )
     return trainer, loaded, held_out
 
 
 def _run_steps(recipe, run_dir, trainer, loaded, held_out, reporter, first_step, wall_before, adapter_dir,
                notes, job) -> dict:
+    """The step loop. With several ranks all step together; rank 0 alone logs, evaluates and saves."""
+    main = trainer.world.is_main
     trainer.good.take()
-    if recipe.overnight.report and job.state["eval_before"] is None:
+    if main and recipe.overnight.report and job.state["eval_before"] is None:
         job.state["eval_before"] = _held_out_metrics(loaded, held_out, recipe)
     loaded.model.train()
     started = time.perf_counter()
     cfg = recipe.train
     diverged = stopped = None
     done = first_step
-    with open(run_dir / "metrics.jsonl", "a") as log:
+    with open(run_dir / "metrics.jsonl" if main else os.devnull, "a") as log:
         for note in notes:
             log.write(_json_line(note))
         for step in range(first_step, cfg.max_steps):
-            stopped = job.stop_reason()
+            stopped = _agreed_stop(job, trainer.world)
             if stopped:
                 break
             pause = job.cool_down(trainer.backend)
@@ -246,22 +278,45 @@ def _run_steps(recipe, run_dir, trainer, loaded, held_out, reporter, first_step,
             if row.get("event") == "diverged" and recipe.divergence.action == "stop":
                 diverged = Diverged(f"training diverged at step {done}: {row['reason']}; the last good state "
                                     f"is saved as checkpoints/step-{done}")
-            elif cfg.eval_every and (done % cfg.eval_every == 0 or done == cfg.max_steps):
-                _, metrics = evaluate_questions(loaded.model, loaded.tokenizer, held_out, recipe)
+            elif main and cfg.eval_every and (done % cfg.eval_every == 0 or done == cfg.max_steps):
+                metrics = _held_out_metrics(loaded, held_out, recipe)
                 log.write(_json_line({"step": done, "eval_accuracy": metrics["accuracy"],
                                       "eval_f1": metrics["macro_f1"]}))
                 log.flush()
                 loaded.model.train()
-            if diverged or (cfg.save_every and done % cfg.save_every == 0) or done == cfg.max_steps:
+            saved = (cfg.save_every and done % cfg.save_every == 0) or done == cfg.max_steps
+            if main and (diverged or saved):
                 save_state(run_dir, done, trainer, wall_before + time.perf_counter() - started)
             if diverged:
                 break
-        if stopped and done > first_step and not (cfg.save_every and done % cfg.save_every == 0):
+        if main and stopped and done > first_step and not (cfg.save_every and done % cfg.save_every == 0):
             save_state(run_dir, done, trainer, wall_before + time.perf_counter() - started)
     wall = wall_before + time.perf_counter() - started
+    summary = _finish(recipe, run_dir, trainer, loaded, held_out, adapter_dir, job, wall, diverged, stopped, done)
+    reporter.on_end(summary)
+    trainer.world.barrier()  # no rank leaves before rank 0 has written the run's files
+    if diverged:
+        raise diverged
+    return summary
+
+
+def _agreed_stop(job: Job, world: World) -> str | None:
+    """This rank's reason to stop; with several ranks, all stop when any must."""
+    reason = job.stop_reason()
+    if world.size > 1 and world.any(reason is not None):
+        return reason or "another rank stopped"
+    return reason
+
+
+def _finish(recipe, run_dir, trainer, loaded, held_out, adapter_dir, job, wall, diverged, stopped, done) -> dict:
+    """Rank 0: the adapter, summary.json, job.json and the report. Other ranks only return their step count."""
+    if not trainer.world.is_main:
+        return {"steps": done, "rank": trainer.world.rank}
     save_adapter(loaded.model, adapter_dir)
     summary = summarize(rundir.read_metrics(run_dir / "metrics.jsonl"), trainer.method, wall)
     summary["diverged"] = diverged is not None
+    if trainer.world.size > 1:
+        summary["world_size"] = trainer.world.size
     if stopped:
         summary["stopped"] = stopped
         job.interrupted(done, stopped)
@@ -269,9 +324,6 @@ def _run_steps(recipe, run_dir, trainer, loaded, held_out, reporter, first_step,
     job.save()
     if recipe.overnight.report:
         write_report(run_dir, recipe, job.state, summary, _held_out_metrics(loaded, held_out, recipe), adapter_dir)
-    reporter.on_end(summary)
-    if diverged:
-        raise diverged
     return summary
 
 
@@ -300,53 +352,6 @@ def _guarded_step(trainer: Trainer, step: int, recipe: Recipe) -> dict:
 def _is_allocation_failure(exc: RuntimeError) -> bool:
     text = str(exc)
     return "can't allocate memory" in text or "out of memory" in text.lower()
-
-
-def train_per_user(recipe: Recipe, run_dir: Path, reporter: Reporter, resume: bool, force: bool, job: Job) -> dict:
-    """One adapter per user (`data.user: all`): users/ID/ holds each user's run, adapters/ID/ its adapter.
-
-    On --resume, finished users are kept, the interrupted one resumes from its checkpoint, the rest start.
-    """
-    from .data import users
-    from .recipe import replace_key
-
-    if resume:
-        rundir.check_resume(run_dir, recipe)
-    else:
-        rundir.check_fresh(run_dir, force)
-    user_ids = list(users(recipe))
-    if job.wait_for_window():
-        return {"stopped": job.signals.requested, "steps": 0}
-    rundir.claim(run_dir, recipe, resume, 0)
-    job.load(resume)
-    summaries, stopped = {}, None
-    for user_id in user_ids:
-        sub_dir = run_dir / "users" / user_id
-        finished = _finished_summary(sub_dir)
-        user_reporter = reporter.for_user(user_id) if hasattr(reporter, "for_user") else reporter
-        try:
-            summaries[user_id] = finished or train(
-                replace_key(recipe, "data.user", user_id), sub_dir, user_reporter,
-                resume=resume and rundir.holds_run(sub_dir), force=True, adapter_dir=run_dir / "adapters" / user_id,
-                job=job,
-            )
-        except Diverged as exc:
-            raise Diverged(f"user {user_id} (users/{user_id}): {exc}") from exc
-        stopped = summaries[user_id].get("stopped")
-        if stopped:
-            break
-    summary = {**aggregate(list(summaries.values())), "users": len(summaries)}
-    if stopped:
-        summary["stopped"] = stopped
-    write_json_atomic(run_dir / "summary.json", summary)
-    reporter.on_end(summary)
-    return summary
-
-
-def _finished_summary(run_dir: Path) -> dict | None:
-    path = run_dir / "summary.json"
-    summary = json.loads(path.read_text()) if path.is_file() else None
-    return None if summary is None or summary.get("stopped") else summary
 
 
 def _json_line(row: dict) -> str:

@@ -103,8 +103,9 @@ def read_temperature(backend) -> float | None:
 class Job:
     """One process's share of a background run; its totals accumulate in run_dir/job.json."""
 
-    def __init__(self, config, run_dir: Path, clock=time.monotonic, now=dt.datetime.now, sleep=time.sleep):
-        self.config, self.path = config, run_dir / "job.json"
+    def __init__(self, config, run_dir: Path, clock=time.monotonic, now=dt.datetime.now, sleep=time.sleep,
+                 writes: bool = True):
+        self.config, self.path, self.writes = config, run_dir / "job.json", writes
         self.window = parse_window(config.window) if config.window else None
         self.clock, self.now, self.sleep = clock, now, sleep
         self.started = clock()
@@ -117,7 +118,8 @@ class Job:
             self.state["resumes"] += 1
 
     def save(self) -> None:
-        write_json_atomic(self.path, self.state)
+        if self.writes:  # with several ranks, rank 0 keeps the job's file
+            write_json_atomic(self.path, self.state)
 
     def wait_for_window(self) -> str | None:
         """Sleep until the window opens (a signal ends the wait: returns its name)."""

@@ -92,7 +92,8 @@ def user_profile_questions(questions: list[LampQuestion]) -> list[LampQuestion]:
     return merged
 
 
-def build_train_batches(recipe: Recipe, tokenizer, questions: list[LampQuestion] | None = None) -> BatchStream:
+def build_train_batches(recipe: Recipe, tokenizer, questions: list[LampQuestion] | None = None,
+                        shard: tuple[int, int] = (0, 1)) -> BatchStream:
     questions = train_questions(recipe) if questions is None else questions
     dataset = lamp2_dataset(tokenizer, questions, recipe.data.max_length, recipe.data.profile_k)
-    return BatchStream(dataset, recipe.train.batch_size, recipe.train.seed, tokenizer.pad_token_id)
+    return BatchStream(dataset, recipe.train.batch_size, recipe.train.seed, tokenizer.pad_token_id, shard)

@@ -29,10 +29,12 @@ class BatchStream:
 
     Epoch e is ordered by torch.randperm with seed ``seed * 1_000_003 + e``; batch i holds positions
     [i*B, i*B + B) of that endless sequence, so every batch is full (it may straddle two epochs) and
-    a resumed run only needs the batch index to continue exactly.
+    a resumed run only needs the batch index to continue exactly. Sharded over W ranks, global batch i is
+    [i*B*W, (i+1)*B*W) and rank r takes its r-th B: together the ranks see what one process with batch B*W sees.
     """
 
-    def __init__(self, dataset: Sequence[dict] | Any, batch_size: int, seed: int, pad_id: int):
+    def __init__(self, dataset: Sequence[dict] | Any, batch_size: int, seed: int, pad_id: int,
+                 shard: tuple[int, int] = (0, 1)):
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         if len(dataset) == 0:
@@ -41,6 +43,7 @@ class BatchStream:
         self.batch_size = batch_size
         self.seed = seed
         self.pad_id = pad_id
+        self.rank, self.world_size = shard
         self._perms: dict[int, list[int]] = {}
 
     @property
@@ -60,7 +63,8 @@ class BatchStream:
         if index < 0:
             raise ValueError(f"batch index must be >= 0, got {index}")
         n = len(self.dataset)
-        positions = range(index * self.batch_size, (index + 1) * self.batch_size)
+        start = (index * self.world_size + self.rank) * self.batch_size
+        positions = range(start, start + self.batch_size)
         return [self._perm(p // n)[p % n] for p in positions]
 
     def batch(self, index: int) -> dict[str, torch.Tensor]:

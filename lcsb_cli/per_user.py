@@ -1,0 +1,74 @@
+"""Per-user runs (`data.user: all`): one adapter per user, users split across ranks when data parallel."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from . import rundir
+from .checkpoint import write_json_atomic
+from .data import users
+from .distributed import SINGLE, World
+from .errors import Diverged
+from .overnight import Job
+from .recipe import Recipe, replace_key
+from .summary import aggregate
+
+
+def train_per_user(recipe: Recipe, run_dir: Path, reporter, resume: bool, force: bool, job: Job,
+                   world: World = SINGLE) -> dict:
+    """One adapter per user (`data.user: all`): users/ID/ holds each user's run, adapters/ID/ its adapter.
+    With several ranks, rank r trains users r, r+N, ... on its own; rank 0 then sums up.
+
+    On --resume, finished users are kept, the interrupted one resumes from its checkpoint, the rest start.
+    """
+    from .engine import train
+
+    if resume:
+        rundir.check_resume(run_dir, recipe)
+    else:
+        rundir.check_fresh(run_dir, force)
+    user_ids = list(users(recipe))
+    if job.wait_for_window():
+        return {"stopped": job.signals.requested, "steps": 0}
+    world.barrier()
+    if world.is_main:
+        rundir.claim(run_dir, recipe, resume, 0)
+    world.barrier()
+    job.load(resume)
+    for user_id in user_ids[world.rank::world.size]:
+        sub_dir = run_dir / "users" / user_id
+        if _finished_summary(sub_dir):
+            continue
+        user_reporter = reporter.for_user(user_id) if hasattr(reporter, "for_user") else reporter
+        try:
+            summary = train(replace_key(recipe, "data.user", user_id), sub_dir, user_reporter,
+                            resume=resume and rundir.holds_run(sub_dir), force=True,
+                            adapter_dir=run_dir / "adapters" / user_id, job=job)
+        except Diverged as exc:
+            raise Diverged(f"user {user_id} (users/{user_id}): {exc}") from exc
+        if summary.get("stopped"):
+            break
+    world.barrier()
+    if not world.is_main:
+        return {"rank": world.rank}
+    return _per_user_summary(run_dir, user_ids, reporter)
+
+
+def _per_user_summary(run_dir: Path, user_ids: list[str], reporter) -> dict:
+    """Totals over the users' runs on disk; `stopped` while any user's run is unfinished."""
+    summaries = [json.loads((run_dir / "users" / u / "summary.json").read_text()) for u in user_ids
+                 if (run_dir / "users" / u / "summary.json").is_file()]
+    summary = {**(aggregate(summaries) if summaries else {"steps": 0}), "users": len(summaries)}
+    stopped = next((s["stopped"] for s in summaries if s.get("stopped")), None)
+    if stopped or len(summaries) < len(user_ids):
+        summary["stopped"] = stopped or "not every user trained"
+    write_json_atomic(run_dir / "summary.json", summary)
+    reporter.on_end(summary)
+    return summary
+
+
+def _finished_summary(run_dir: Path) -> dict | None:
+    path = run_dir / "summary.json"
+    summary = json.loads(path.read_text()) if path.is_file() else None
+    return None if summary is None or summary.get("stopped") else summary
