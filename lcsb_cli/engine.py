@@ -323,7 +323,9 @@ def _finish(recipe, run_dir, trainer, loaded, held_out, adapter_dir, job, wall, 
     write_json_atomic(run_dir / "summary.json", summary)
     job.save()
     if recipe.overnight.report:
-        write_report(run_dir, recipe, job.state, summary, _held_out_metrics(loaded, held_out, recipe), adapter_dir)
+        signalled = stopped in ("SIGTERM", "SIGINT")  # asked to go: exit now, evaluate when the run finishes
+        after = None if signalled else _held_out_metrics(loaded, held_out, recipe)
+        write_report(run_dir, recipe, job.state, summary, after, adapter_dir)
     return summary
 
 

@@ -164,8 +164,10 @@ class Job:
         self.state["interruptions"].append({"step": step, "reason": reason, "at": self.now().isoformat(timespec="seconds")})
 
 
-def write_report(run_dir: Path, recipe, state: dict, summary: dict, eval_after: dict, adapter_dir: Path) -> dict:
-    """The morning report: report.json and the same as report.md."""
+def write_report(run_dir: Path, recipe, state: dict, summary: dict, eval_after: dict | None,
+                 adapter_dir: Path) -> dict:
+    """The morning report: report.json and the same as report.md (`eval_after` is None after a signal: the job
+    exits at once and the run's next finish evaluates)."""
     from .checkpoint import write_text_atomic
     from .data import personal_data
 
@@ -196,7 +198,8 @@ def report_markdown(report: dict, recipe) -> str:
         f"- adapter: {report['adapter']}", "",
         "| held-out newest items | accuracy | macro-F1 |", "| --- | --- | --- |",
         f"| before training | {before['accuracy']:.3f} | {before['macro_f1']:.3f} |",
-        f"| after training | {after['accuracy']:.3f} | {after['macro_f1']:.3f} |",
+        f"| after training | {after['accuracy']:.3f} | {after['macro_f1']:.3f} |" if after else
+        "| after training | not evaluated: stopped by a signal | |",
     ]
     lines += [""] * bool(report["interruptions"])
     lines += [f"- interrupted at step {i['step']} by {i['reason']} ({i['at']})" for i in report["interruptions"]]

@@ -162,6 +162,7 @@ def test_cli_sigterm_exits_0_and_resume_finishes_with_a_morning_report(tmp_path)
     assert proc.returncode == 0, err
     stopped_at = json.loads((run / "summary.json").read_text())["steps"]
     assert 4 <= stopped_at < 12 and (run / "checkpoints" / f"step-{stopped_at}").is_dir()
+    assert json.loads((run / "report.json").read_text())["eval_after"] is None  # a signal means: exit now
     proc = _lcsb("train", str(OVERNIGHT), "train.max_steps=12", "--output", str(run), "--resume")
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err
