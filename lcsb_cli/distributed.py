@@ -55,8 +55,10 @@ class World:
 
     def sync_grads(self, params: list[torch.nn.Parameter]) -> dict:
         """Sum the gradients that exist (the active block's) across ranks: one flat all-reduce."""
+        if self.size == 1:
+            return {}
         grads = [p.grad for p in params if p.grad is not None]
-        if self.size == 1 or not grads:
+        if not grads:
             return {}
         flat = torch._utils._flatten_dense_tensors(grads)
         dist.all_reduce(flat)
