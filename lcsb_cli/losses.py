@@ -1,9 +1,15 @@
-"""The training loss: summed token cross-entropy of a causal LM, computed only where there are targets."""
+"""The training loss: summed token cross-entropy of a causal LM, computed only where there are targets, with the
+LM head applied a vocabulary slice at a time so the [targets x vocab] fp32 logits never exist at once."""
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import torch.nn.functional as F
+from torch import nn
+
+CHUNK_BYTES = 16 * 2**20  # the most one vocabulary slice may hold: its fp32 logits or its head rows
 
 
 def causal_lm_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -18,7 +24,70 @@ def causal_lm_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> to
     if getattr(causal_lm.config, "final_logit_softcapping", None):
         logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits[:, :-1]
         return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-100, reduction="sum")
-    hidden = causal_lm.get_decoder()(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
+    probe = getattr(causal_lm, "memory_probe", None)  # models.load_model's MemoryProbe, for summary.json
+    with probe.decoder() if probe else contextlib.nullcontext():
+        hidden = causal_lm.get_decoder()(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
     mask = targets != -100
-    logits = causal_lm.get_output_embeddings()(hidden.last_hidden_state[:, :-1][mask])
-    return F.cross_entropy(logits.float(), targets[mask], reduction="sum")
+    with probe.head() if probe else contextlib.nullcontext():
+        return head_cross_entropy(causal_lm.get_output_embeddings(), hidden.last_hidden_state[:, :-1][mask],
+                                  targets[mask])
+
+
+def head_cross_entropy(head: nn.Module, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """sum_i CE(head(hidden_i), targets_i) for hidden [T, H]: chunked over the vocabulary when the head is frozen
+    (a plain bias-free Linear, or a 4-bit QuantizedHead); a head that trains or adds a bias is applied whole."""
+    if hasattr(head, "weight_slice"):
+        return ChunkedHeadCrossEntropy.apply(hidden, targets, head.weight_slice, head.out_features)
+    if type(head) is nn.Linear and head.bias is None and not head.weight.requires_grad:
+        weight = head.weight
+        return ChunkedHeadCrossEntropy.apply(hidden, targets, lambda a, b, dtype: weight[a:b].to(dtype),
+                                             head.out_features)
+    return F.cross_entropy(head(hidden).float(), targets, reduction="sum")
+
+
+def vocab_slice_rows(targets: int, hidden_size: int, element_bytes: int) -> int:
+    """Rows per vocabulary slice so that neither its fp32 logits nor its head rows exceed CHUNK_BYTES."""
+    return max(1, CHUNK_BYTES // max(targets * 4, hidden_size * element_bytes))
+
+
+class ChunkedHeadCrossEntropy(torch.autograd.Function):
+    """Summed cross-entropy of `hidden @ W^T` over vocabulary slices of W, with an online logsumexp.
+
+    Forward keeps only the per-token logsumexp and target logit; backward recomputes each slice's logits and
+    adds (softmax - onehot) @ W_slice to the input gradient. The head is frozen: no weight gradient. This is the
+    memory scheme of Cut Cross-Entropy (Wijmans et al., 2024) and Liger's fused linear cross-entropy.
+    """
+
+    @staticmethod
+    @torch.amp.custom_fwd(device_type="cpu")
+    def forward(ctx, hidden, targets, weight_slice, vocab):
+        rows = vocab_slice_rows(hidden.shape[0], hidden.shape[1], hidden.element_size())
+        lse = torch.full((hidden.shape[0],), float("-inf"), device=hidden.device)
+        target_logit = torch.zeros(hidden.shape[0], device=hidden.device)
+        for start in range(0, vocab, rows):
+            logits = _slice_logits(hidden, weight_slice, start, min(start + rows, vocab))
+            lse = torch.logaddexp(lse, torch.logsumexp(logits, dim=1))
+            inside = (targets >= start) & (targets < start + logits.shape[1])
+            target_logit[inside] = logits[inside, targets[inside] - start]
+        ctx.save_for_backward(hidden, targets, lse)
+        ctx.weight_slice, ctx.vocab, ctx.rows = weight_slice, vocab, rows
+        return (lse - target_logit).sum()
+
+    @staticmethod
+    @torch.amp.custom_bwd(device_type="cpu")
+    def backward(ctx, grad_output):
+        hidden, targets, lse = ctx.saved_tensors
+        grad_hidden = torch.zeros(hidden.shape, dtype=torch.float32, device=hidden.device)
+        rows = torch.arange(hidden.shape[0], device=hidden.device)
+        for start in range(0, ctx.vocab, ctx.rows):
+            stop = min(start + ctx.rows, ctx.vocab)
+            weight = ctx.weight_slice(start, stop, hidden.dtype)
+            probs = (F.linear(hidden, weight).float() - lse[:, None]).exp_()
+            inside = (targets >= start) & (targets < stop)
+            probs[rows[inside], targets[inside] - start] -= 1.0
+            grad_hidden += (probs.to(weight.dtype) @ weight).float()
+        return (grad_hidden * grad_output).to(hidden.dtype), None, None, None
+
+
+def _slice_logits(hidden: torch.Tensor, weight_slice, start: int, stop: int) -> torch.Tensor:
+    return F.linear(hidden, weight_slice(start, stop, hidden.dtype)).float()

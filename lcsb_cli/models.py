@@ -16,6 +16,7 @@ import torch
 import yaml
 from torch import nn
 
+from . import memory, streamed
 from .errors import BadInput
 from .recipe import Recipe
 
@@ -32,7 +33,8 @@ class LoadedModel:
     model: nn.Module  # the PeftModel
     tokenizer: object
     layers: nn.ModuleList  # the decoder layers, in order
-    base_dir: Path  # the checkpoint the base weights came from
+    base_dir: Path  # the checkpoint the base weights came from (a streamed random-init preset: its tokenizer)
+    runtime_mb: float = 0.0  # resident set size when loading began: interpreter + imported libraries
 
 
 def preset_names() -> list[str]:
@@ -82,25 +84,23 @@ def materialize_preset(name: str) -> Path:
         return target
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    target.parent.mkdir(parents=True, exist_ok=True)
     config = AutoConfig.for_model(spec["architecture"], **spec["config"])
-    with _seeded(spec.get("seed", 0)):
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{name}-"))
-    model.save_pretrained(tmp)
-    AutoTokenizer.from_pretrained(tokenizer_dir).save_pretrained(tmp)
-    try:
-        os.rename(tmp, target)
-    except OSError:  # another process finished first
-        shutil.rmtree(tmp, ignore_errors=True)
+    if spec.get("init") == "streamed":
+        model = streamed.streamed_model(config, torch.float32, None, "keep", _random_init(spec, config))
+    else:
+        with memory.seeded(spec.get("seed", 0)):
+            model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+
+    def write(tmp: Path) -> None:
+        model.save_pretrained(tmp)
+        AutoTokenizer.from_pretrained(tokenizer_dir).save_pretrained(tmp)
+
+    _write_atomically(target, write)
     return target
 
 
-@contextlib.contextmanager
-def _seeded(seed: int):
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        yield
+def _random_init(spec: dict, config) -> streamed.RandomInit:
+    return streamed.RandomInit(spec.get("seed", 0), getattr(config, "initializer_range", None) or 0.02)
 
 
 def check_causal_lm(path: Path, trust_remote_code: bool):
@@ -133,6 +133,8 @@ def load_base(recipe: Recipe, device: torch.device):
     """(base model, its config, checkpoint dir), quantized as the recipe asks, with the KV cache off."""
     from transformers import AutoModelForCausalLM
 
+    if recipe.memory.streamed_load and recipe.quantization in ("nf4", "fp4"):
+        return _load_streamed(recipe)
     base_dir = resolve_base_dir(recipe.model.name)
     if recipe.model.trust_remote_code:
         warnings.warn(f"model.trust_remote_code is on: Python code shipped in {base_dir} will run", stacklevel=2)
@@ -150,10 +152,59 @@ def load_base(recipe: Recipe, device: torch.device):
     return model, config, base_dir
 
 
+def _load_streamed(recipe: Recipe):
+    """memory.streamed_load: a safetensors checkpoint read one tensor at a time, or a random-init preset drawn
+    module by module (`init: streamed`) and cached quantized on disk once; no full-precision model ever exists."""
+    from transformers import AutoConfig
+
+    name, dtype = recipe.model.name, DTYPES[recipe.model.dtype]
+    spec_text = (PRESET_DIR / f"{name}.yaml").read_text() if name in preset_names() else ""
+    spec = yaml.safe_load(spec_text) if spec_text else {}
+    if spec.get("init") == "streamed":
+        config = AutoConfig.for_model(spec["architecture"], **spec["config"])
+        base_dir = TOKENIZER_DIR / spec["tokenizer"]
+        cached = _quantized_cache(name, spec_text, recipe) / "model.safetensors"
+        source = streamed.QuantizedFile(cached) if cached.is_file() else _random_init(spec, config)
+    else:
+        base_dir = resolve_base_dir(name)
+        config = check_causal_lm(base_dir, recipe.model.trust_remote_code)
+        check_checkpoint_files(base_dir)
+        source, cached = streamed.SafetensorsCheckpoint(base_dir), None
+    try:
+        model = streamed.streamed_model(config, dtype, recipe.quantization, recipe.memory.embedding, source)
+    except ValueError as exc:  # QuantizedRows: a width that is not whole 4-bit blocks
+        raise BadInput(f"memory.embedding: {exc}; set memory.embedding=keep") from exc
+    if isinstance(source, streamed.RandomInit):
+        _write_atomically(cached.parent, lambda tmp: streamed.save_quantized(model, tmp / cached.name))
+    model.config.use_cache = False
+    return model, config, base_dir
+
+
+def _quantized_cache(name: str, spec_text: str, recipe: Recipe) -> Path:
+    spec = yaml.safe_load(spec_text)
+    tokenizer = (TOKENIZER_DIR / spec["tokenizer"] / "tokenizer.json").read_text()
+    key = f"{spec_text}{tokenizer}{recipe.quantization}/{recipe.model.dtype}/{recipe.memory.embedding}/1"
+    return cache_root() / "quantized" / f"{name}-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
+
+
+def _write_atomically(target: Path, write) -> None:
+    """Fill a temp dir beside `target` with `write(tmp)` and rename it into place (another process may win)."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}-"))
+    write(tmp)
+    try:
+        os.rename(tmp, target)
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def load_model(recipe: Recipe, device: torch.device, adapter: Path | None = None) -> LoadedModel:
     """Base model (quantized if asked) with LoRA on `recipe.lora.targets` (fresh, or `adapter`'s weights)."""
     from peft import LoraConfig, PeftModel, get_peft_model
 
+    runtime_mb = memory.rss_mb()
+    memory.configure_allocator(recipe.memory.malloc_mmap_threshold_kb)
+    memory.limit_kernel_caches(recipe.memory.kernel_cache)
     model, config, base_dir = load_base(recipe, device)
     if adapter is not None:
         if not (Path(adapter) / "adapter_config.json").is_file():
@@ -165,9 +216,10 @@ def load_model(recipe: Recipe, device: torch.device, adapter: Path | None = None
             r=recipe.lora.rank, lora_alpha=recipe.lora.alpha, lora_dropout=recipe.lora.dropout,
             target_modules=list(recipe.lora.targets), task_type="CAUSAL_LM",
         )
-        with _seeded(recipe.train.seed):
+        with memory.seeded(recipe.train.seed):
             peft_model = get_peft_model(model, lora)
-    return LoadedModel(peft_model, load_tokenizer(base_dir), decoder_layers(peft_model, config), base_dir)
+    model.memory_probe = memory.MemoryProbe(peft_model)
+    return LoadedModel(peft_model, load_tokenizer(base_dir), decoder_layers(peft_model, config), base_dir, runtime_mb)
 
 
 def load_tokenizer(path: Path):

@@ -91,6 +91,7 @@ class TrainConfig:
     eval_every: int = 0  # log eval_accuracy / eval_f1 rows every N steps; 0: never
     autocast: str = "none"
     threads: int = 0  # torch intra-op threads; 0 keeps torch's default
+    optimizer: str = "adamw"  # adamw (torch, fp32 moments) | adamw8bit (bitsandbytes, block-wise 8-bit moments)
 
 
 @dataclass
@@ -126,6 +127,14 @@ class EvalConfig:
 
 
 @dataclass
+class MemoryConfig:
+    streamed_load: bool = False  # build on the meta device, quantize one module at a time (quantization nf4 | fp4)
+    embedding: str = "keep"  # keep (model.dtype) | nf4 | fp4: the embedding and LM head (streamed_load only)
+    malloc_mmap_threshold_kb: int = 0  # glibc: blocks above this are mmapped and returned when freed; 0: default
+    kernel_cache: int = 0  # oneDNN / ideep kernels cached (one per matmul shape); 0: their default, 1024
+
+
+@dataclass
 class Recipe:
     name: str = "run"
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -144,6 +153,7 @@ class Recipe:
     divergence: DivergenceConfig = field(default_factory=DivergenceConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     overnight: OvernightConfig = field(default_factory=OvernightConfig)
+    memory: MemoryConfig = field(default_factory=MemoryConfig)
     output_dir: str | None = None  # default: runs/NAME
 
 
@@ -161,8 +171,10 @@ CHOICES = {
     "data.on_bad_line": ("error", "skip"),
     "train.lr_scheduler": ("cosine", "linear", "constant"),
     "train.autocast": ("none", "bf16"),
+    "train.optimizer": ("adamw", "adamw8bit"),
     "eval.mode": ("score", "generate"),
     "divergence.action": ("stop", "skip", "rollback"),
+    "memory.embedding": ("keep", "nf4", "fp4"),
 }
 MINIMUMS = {
     "lora.rank": 1, "lcsb.blocks": 1, "data.max_length": 16, "train.max_steps": 1, "train.batch_size": 1,
@@ -171,7 +183,8 @@ MINIMUMS = {
     "eval.max_new_tokens": 1, "divergence.spike_factor": 1.0, "divergence.patience": 1,
     "divergence.lr_backoff": 0.0, "freeze.layers": 1, "lisa.layers": 1, "lisa.interval": 1, "lora.dropout": 0.0, "train.weight_decay": 0.0, "train.max_grad_norm": 0.0,
     "npu_sim.calibration_steps": 1, "npu_sim.fp32_threshold": 0.0,
-    "overnight.max_minutes": 0.0, "overnight.max_temp_c": 0.0,
+    "overnight.max_minutes": 0.0, "overnight.max_temp_c": 0.0, "memory.malloc_mmap_threshold_kb": 0,
+    "memory.kernel_cache": 0,
 }
 PATH_KEYS = ("data.train", "data.train_labels", "data.eval", "data.eval_labels")
 NAME_OR_PATH_KEYS = ("model.name", "npu_sim.device")  # a built-in name, or a path when it holds a "/"
@@ -242,6 +255,7 @@ def validate(recipe: Recipe) -> None:
     if recipe.backend == "npu-sim" and recipe.train.autocast != "none":
         raise BadInput("train.autocast: npu-sim sets the products' precision itself (npu_sim.precision); "
                        "set train.autocast=none")
+    _validate_memory(recipe)
     if not recipe.lora.targets:
         raise BadInput("lora.targets: name at least one module, e.g. [q_proj, v_proj]")
     if recipe.data.format == "jsonl":
@@ -256,6 +270,16 @@ def validate(recipe: Recipe) -> None:
         parse_window(recipe.overnight.window)
     if recipe.data.format == "lamp2" and recipe.data.user is not None and recipe.data.eval is None:
         raise BadInput("data.eval: per-user runs (data.user) need the users' questions file")
+
+
+def _validate_memory(recipe: Recipe) -> None:
+    if recipe.memory.streamed_load and recipe.quantization not in ("nf4", "fp4"):
+        raise BadInput(f"memory.streamed_load: builds 4-bit models; set quantization=nf4 (or fp4), "
+                       f"not {recipe.quantization}")
+    if recipe.memory.streamed_load and recipe.backend != "cpu":
+        raise BadInput("memory.streamed_load: the streamed 4-bit build runs on backend=cpu")
+    if recipe.memory.embedding != "keep" and not recipe.memory.streamed_load:
+        raise BadInput("memory.embedding: a 4-bit embedding / LM head needs memory.streamed_load=true")
 
 
 def _validate_jsonl(data: DataConfig) -> None:

@@ -1,0 +1,173 @@
+"""Memory-lean training settings and their measurement: allocator and kernel-cache settings, an 8-bit optimizer,
+and the peak-RSS breakdown of summary.json and the bench."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import ctypes.util
+import gc
+import os
+import resource
+import weakref
+
+import torch
+from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+M_MMAP_THRESHOLD = -3  # glibc mallopt parameter numbers (malloc.h)
+
+
+def rss_mb() -> float:
+    """The process's resident set size now (anonymous + file-backed pages)."""
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def peak_rss_mb() -> float:
+    """The OS's peak resident set size of this process (Linux reports ru_maxrss in KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def configure_allocator(mmap_threshold_kb: int) -> bool:
+    """glibc malloc: blocks of `mmap_threshold_kb` and more get their own mmap and go back to the OS when freed.
+
+    Left alone, glibc raises the threshold (up to 32 MiB) as large blocks are freed, so a step's transient
+    tensors and the LoRA tensors and moments that appear as blocks first train (8-311 KB each for r=16) share
+    one heap whose fragmented high-water mark stays resident. False when the C library is not glibc."""
+    if mmap_threshold_kb <= 0:
+        return False
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c"))
+        return bool(libc.mallopt(M_MMAP_THRESHOLD, mmap_threshold_kb * 1024))
+    except (OSError, AttributeError):
+        return False
+
+
+def limit_kernel_caches(entries: int) -> None:
+    """Cap oneDNN's primitive cache and PyTorch's ideep LRU cache (1024 entries each by default). bf16 matmuls
+    cache a compiled kernel per input shape, so batches of varying length grow the process by a few MB each;
+    read when the first oneDNN kernel is created, so this must run before any matmul. Values already in the
+    environment win."""
+    if entries > 0:
+        os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", str(entries))
+        os.environ.setdefault("LRU_CACHE_CAPACITY", str(entries))
+
+
+def make_optimizer(kind: str, params: list[nn.Parameter], lr: float, weight_decay: float) -> torch.optim.Optimizer:
+    """train.optimizer: torch's AdamW, or bitsandbytes' AdamW8bit (the same update with both moments stored
+    block-wise in 8 bits: 2 bytes a parameter instead of 8; tensors under 4096 values keep 32-bit moments)."""
+    if kind == "adamw8bit":
+        import bitsandbytes as bnb
+
+        return bnb.optim.AdamW8bit(params, lr=lr, weight_decay=weight_decay)
+    return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
+
+
+class LiveBytes(TorchDispatchMode):
+    """Bytes of tensor storage created inside the mode and still alive (`live`), and their high-water mark."""
+
+    def __init__(self):
+        super().__init__()
+        self.live = self.peak = 0
+        self._seen: set[int] = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if any(ret.alias_info for ret in func._schema.returns):  # a view or an in-place result: no new storage
+            return out
+        for tensor in tree_leaves(out):
+            if isinstance(tensor, torch.Tensor) and not tensor.is_meta:
+                storage = tensor.untyped_storage()
+                key, size = storage.data_ptr(), storage.nbytes()
+                if key and key not in self._seen:
+                    self._seen.add(key)
+                    self.live += size
+                    weakref.finalize(storage, self._free, key, size)
+        self.peak = max(self.peak, self.live)
+        return out
+
+    def _free(self, key: int, size: int) -> None:
+        self._seen.discard(key)
+        self.live -= size
+
+
+class MemoryProbe:
+    """Per-step figures for the breakdown, each the largest over the run: bytes the decoder's forward saves for
+    backward (activations; parameters and frozen weights excluded), the LM head cross-entropy's working set
+    (logits: its peak of live tensors) and the gradients accumulated into the LoRA parameters."""
+
+    def __init__(self, model: nn.Module):
+        self.activations = self.logits = self.grads = 0
+        self._owned = {t.untyped_storage().data_ptr() for t in [*model.parameters(), *model.buffers()]}
+        self._step_grads = 0
+        for param in model.parameters():
+            if param.requires_grad:
+                param.register_post_accumulate_grad_hook(self._grad_arrived)
+
+    @contextlib.contextmanager
+    def decoder(self):
+        saved: dict[int, int] = {}
+
+        def pack(tensor):
+            key = tensor.untyped_storage().data_ptr()
+            if key not in self._owned:
+                saved[key] = tensor.untyped_storage().nbytes()
+            return tensor
+
+        self._step_grads = 0
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+            yield
+        self.activations = max(self.activations, sum(saved.values()))
+
+    @contextlib.contextmanager
+    def head(self):
+        with LiveBytes() as live:
+            yield
+        self.logits = max(self.logits, live.peak)
+
+    def _grad_arrived(self, param) -> None:
+        self._step_grads += param.grad.nbytes
+        self.grads = max(self.grads, self._step_grads)
+
+
+def frozen_tensors(model: nn.Module) -> list[torch.Tensor]:
+    """The base model's weights: frozen parameters, buffers and the 4-bit layers' quantization statistics."""
+    tensors = [t for t in [*model.parameters(), *model.buffers()] if not t.requires_grad]
+    for param in model.parameters():
+        state = getattr(param, "quant_state", None)
+        if state is not None:
+            tensors += [t for t in state.as_dict().values() if torch.is_tensor(t)]
+    return tensors
+
+
+def breakdown(model: nn.Module, runtime_mb: float) -> dict:
+    """The whole process's peak RSS (the OS's ru_maxrss) beside what it is made of: the runtime (RSS when the model
+    began loading: `LoadedModel.runtime_mb`), frozen weights, LoRA + optimizer (every live tensor now that is not
+    a frozen weight: LoRA weights, optimizer state and any copies, plus the largest step's gradients), and the
+    activations and logits of `model`'s MemoryProbe. `other_mb` is the rest: allocator slack, transient
+    dequantized weights and recomputation, data, and libraries imported after loading."""
+    probe = model.get_base_model().memory_probe if hasattr(model, "get_base_model") else model.memory_probe
+    frozen = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in frozen_tensors(model)}
+    live = {}
+    for obj in gc.get_objects():
+        if issubclass(type(obj), torch.Tensor) and not obj.is_meta and obj.device.type == "cpu":
+            live[obj.untyped_storage().data_ptr()] = obj.untyped_storage().nbytes()
+    mb = 2**-20
+    figures = {
+        "runtime_mb": runtime_mb, "weights_mb": sum(frozen.values()) * mb,
+        "lora_optimizer_mb": (sum(n for key, n in live.items() if key not in frozen) + probe.grads) * mb,
+        "activations_mb": probe.activations * mb, "logits_mb": probe.logits * mb,
+    }
+    peak = peak_rss_mb()
+    return {"peak_rss_mb": peak, **{k: round(v, 1) for k, v in figures.items()},
+            "other_mb": round(peak - sum(figures.values()), 1)}
+
+
+@contextlib.contextmanager
+def seeded(seed: int):
+    """Run with the CPU RNG seeded, restoring its state afterwards."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        yield

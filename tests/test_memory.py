@@ -1,0 +1,248 @@
+"""Memory techniques on small presets: each gives the same numbers as the plain path and moves its figure down."""
+
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+import yaml
+
+from helpers import LAMP2, REPO
+from lcsb_cli import losses, memory, models, streamed
+from lcsb_cli.data import build_train_batches
+from lcsb_cli.errors import BadInput
+from lcsb_cli.losses import causal_lm_loss
+from lcsb_cli.models import load_model
+from lcsb_cli.recipe import load_recipe
+from lcsb_cli.selective import SelectiveLayers, partition
+
+STREAMED = ["quantization=nf4", "memory.streamed_load=true"]
+
+
+def loss_and_grads(*overrides):
+    recipe = load_recipe(LAMP2, list(overrides))
+    loaded = load_model(recipe, torch.device("cpu"))
+    batch = build_train_batches(recipe, loaded.tokenizer).batch(0)
+    with torch.no_grad():  # LoRA B starts at zero; give it values so every LoRA tensor gets a gradient
+        for name, p in loaded.model.named_parameters():
+            if "lora_B" in name:
+                p.copy_(torch.randn(p.shape, generator=torch.Generator().manual_seed(len(name))) * 0.05)
+    loaded.model.train()
+    loss = causal_lm_loss(loaded.model, batch)
+    loss.backward()
+    return loss.detach(), {n: p.grad for n, p in loaded.model.named_parameters() if p.grad is not None}
+
+
+def assert_same(a, b):
+    assert torch.equal(a[0], b[0])
+    assert a[1].keys() == b[1].keys() and len(a[1]) > 0
+    for name in a[1]:
+        assert torch.equal(a[1][name], b[1][name]), name
+
+
+def test_streamed_4bit_load_equals_transformers_bitsandbytes_load():
+    # tiny-qwen2's checkpoint read a tensor at a time vs from_pretrained(BitsAndBytesConfig): bit-identical
+    bf16 = "model.dtype=bfloat16"
+    assert_same(loss_and_grads(*STREAMED, bf16), loss_and_grads("quantization=nf4", bf16))
+
+
+@pytest.fixture
+def streamed_preset(tmp_path, monkeypatch):
+    """A tiny preset with `init: streamed`, in its own preset dir and cache."""
+    spec = yaml.safe_load((models.PRESET_DIR / "tiny-qwen2.yaml").read_text())
+    (tmp_path / "presets").mkdir()
+    (tmp_path / "presets" / "tiny-streamed.yaml").write_text(yaml.safe_dump({**spec, "init": "streamed"}))
+    monkeypatch.setattr(models, "PRESET_DIR", tmp_path / "presets")
+    monkeypatch.setenv("LCSB_CACHE", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+def test_streamed_preset_is_the_same_model_whole_module_by_module_and_from_its_cache(streamed_preset):
+    name = "model.name=tiny-streamed"
+    # whole: the fp32 checkpoint quantization=none materialises, quantized by transformers
+    whole = loss_and_grads(name, "quantization=nf4")
+    built = loss_and_grads(name, *STREAMED)  # drawn and quantized one module at a time, then cached
+    cached = list(streamed_preset.glob("quantized/tiny-streamed-*/model.safetensors"))
+    assert len(cached) == 1
+    assert_same(built, whole)
+    assert_same(loss_and_grads(name, *STREAMED), built)  # loaded from the cache
+    assert len(list(streamed_preset.glob("quantized/*"))) == 1
+
+
+def test_4bit_embedding_cache_reloads_the_same_model(streamed_preset):
+    args = ("model.name=tiny-streamed", *STREAMED, "memory.embedding=nf4", "model.dtype=bfloat16")
+    built = loss_and_grads(*args)
+    assert torch.isfinite(built[0])
+    assert_same(loss_and_grads(*args), built)
+
+
+def test_4bit_rows_dequantize_any_rows_exactly_like_the_whole_matrix():
+    from bitsandbytes.functional import dequantize_4bit, quantize_4bit
+
+    weight = torch.randn(300, 128, generator=torch.Generator().manual_seed(0))
+    packed, state = quantize_4bit(weight, blocksize=64, quant_type="nf4")
+    whole = dequantize_4bit(packed, state)
+    rows = streamed.QuantizedRows.quantize(weight.split(7), 300, 128, "nf4")
+    assert torch.equal(rows.packed.flatten(), packed.flatten())
+    assert torch.equal(rows.slice(0, 300, torch.float32), whole)
+    assert torch.equal(rows.slice(123, 250, torch.float32), whole[123:250])
+    ids = torch.tensor([[5, 299, 5], [0, 17, 42]])
+    assert torch.equal(streamed.QuantizedEmbedding(rows, torch.float32)(ids), F.embedding(ids, whole))
+    hidden = torch.randn(4, 128)
+    head = streamed.QuantizedHead(rows, slice_rows=64)
+    torch.testing.assert_close(head(hidden), hidden @ whole.T, rtol=0, atol=1e-5)
+
+
+def chunked_and_full(head, whole, targets=40, vocab=1000):
+    hidden = torch.randn(targets, whole.shape[1], requires_grad=True, generator=torch.Generator().manual_seed(1))
+    labels = torch.randint(0, vocab, (targets,), generator=torch.Generator().manual_seed(2))
+    chunked = losses.head_cross_entropy(head, hidden, labels)
+    (chunked_grad,) = torch.autograd.grad(chunked, hidden)
+    full = F.cross_entropy(F.linear(hidden, whole), labels, reduction="sum")
+    (full_grad,) = torch.autograd.grad(full, hidden)
+    return chunked, chunked_grad, full, full_grad
+
+
+@pytest.mark.parametrize("kind", ["linear", "4bit"])
+def test_chunked_cross_entropy_equals_the_full_logits_loss_and_gradients(monkeypatch, kind):
+    monkeypatch.setattr(losses, "CHUNK_BYTES", 64 * 40 * 4)  # 40 targets x 64 vocabulary rows: 16 slices
+    weight = torch.randn(1000, 64, generator=torch.Generator().manual_seed(0))
+    if kind == "linear":
+        head = torch.nn.Linear(64, 1000, bias=False).requires_grad_(False)
+        head.weight.copy_(weight)
+        whole = weight
+    else:
+        rows = streamed.QuantizedRows.quantize([weight], 1000, 64, "nf4")
+        head, whole = streamed.QuantizedHead(rows), rows.slice(0, 1000, torch.float32)
+    chunked, chunked_grad, full, full_grad = chunked_and_full(head, whole)
+    torch.testing.assert_close(chunked, full, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(chunked_grad, full_grad, rtol=1e-4, atol=2e-5)
+
+
+def test_chunked_cross_entropy_never_holds_the_full_logits(monkeypatch):
+    monkeypatch.setattr(losses, "CHUNK_BYTES", 2**20)
+    hidden = torch.randn(256, 64, requires_grad=True)
+    head = torch.nn.Linear(64, 16384, bias=False).requires_grad_(False)
+    labels = torch.randint(0, 16384, (256,))
+    full_logits = 256 * 16384 * 4  # 16 MiB of fp32 logits
+    peaks = {}
+    for name, fn in [("chunked", lambda: losses.head_cross_entropy(head, hidden, labels)),
+                     ("full", lambda: F.cross_entropy(head(hidden).float(), labels, reduction="sum"))]:
+        with memory.LiveBytes() as live:
+            fn().backward()
+        peaks[name] = live.peak
+    assert peaks["full"] >= full_logits
+    assert peaks["chunked"] < full_logits / 4
+
+
+def test_probe_sees_checkpointing_shrink_the_active_blocks_saved_activations():
+    recipe = load_recipe(LAMP2, [])
+    loaded = load_model(recipe, torch.device("cpu"))
+    batch = build_train_batches(recipe, loaded.tokenizer).batch(0)
+    probe, saved = loaded.model.get_base_model().memory_probe, {}
+    loaded.model.train()
+    for checkpointing in (True, False):
+        selective = SelectiveLayers(loaded.layers, partition(4, 2), "identity", checkpointing)
+        selective.activate(0)
+        probe.activations = 0
+        causal_lm_loss(loaded.model, batch).backward()
+        saved[checkpointing] = probe.activations
+        selective.remove()
+    assert probe.grads > 0 and probe.logits > 0
+    assert 0 < saved[True] < saved[False] / 3
+
+
+def test_8bit_adamw_keeps_a_quarter_of_the_state_and_moves_like_adamw():
+    state_bytes, moved = {}, {}
+    for kind in ("adamw", "adamw8bit"):
+        param = torch.nn.Parameter(torch.ones(64, 1024))
+        optimizer = memory.make_optimizer(kind, [param], lr=1e-2, weight_decay=0.0)
+        for step in range(3):
+            param.grad = torch.randn(64, 1024, generator=torch.Generator().manual_seed(step))
+            optimizer.step()
+        state_bytes[kind] = sum(t.nbytes for t in optimizer.state[param].values() if torch.is_tensor(t))
+        moved[kind] = param.detach() - 1
+    assert state_bytes["adamw8bit"] < state_bytes["adamw"] / 3
+    assert F.cosine_similarity(moved["adamw"].flatten(), moved["adamw8bit"].flatten(), dim=0) > 0.99
+
+
+def run_python(code: str) -> float:
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True)
+    return float(out.stdout.split()[-1])
+
+
+ALLOCATE = """
+import ctypes, ctypes.util, sys
+from lcsb_cli.memory import configure_allocator, rss_mb
+configure_allocator({threshold})
+libc = ctypes.CDLL(ctypes.util.find_library("c"))
+libc.malloc.restype, libc.free.argtypes = ctypes.c_void_p, [ctypes.c_void_p]
+libc.free(libc.malloc(4 * 2**20))  # as a freed large tensor does: glibc raises its dynamic threshold to 4 MiB
+start, keep, transient = rss_mb(), [], []
+for _ in range(400):  # 200 KB blocks, each followed by a smaller block that outlives it
+    transient.append(libc.malloc(200 * 1024))
+    ctypes.memset(transient[-1], 1, 200 * 1024)
+    keep.append(libc.malloc(32 * 1024))
+for block in transient:
+    libc.free(block)
+print(rss_mb() - start)
+"""
+
+
+def test_mmap_threshold_returns_freed_blocks_the_heap_would_keep():
+    kept = run_python(ALLOCATE.format(threshold=0))
+    returned = run_python(ALLOCATE.format(threshold=128))
+    assert kept > 40 and returned < 5
+
+
+KERNELS = """
+import torch
+from lcsb_cli.memory import limit_kernel_caches, rss_mb
+limit_kernel_caches({entries})
+weight = torch.randn(1024, 512, dtype=torch.bfloat16)
+start = rss_mb()
+for rows in range(100, 164):  # a batch length never seen before, each time
+    torch.nn.functional.linear(torch.randn(rows, 512, dtype=torch.bfloat16), weight)
+print(rss_mb() - start)
+"""
+
+
+def test_kernel_cache_limit_stops_growth_with_batch_length():
+    assert run_python(KERNELS.format(entries=4)) < run_python(KERNELS.format(entries=0)) / 2
+
+
+def test_breakdown_puts_the_os_peak_beside_its_parts():
+    recipe = load_recipe(LAMP2, [*STREAMED, "memory.embedding=nf4", "model.dtype=bfloat16"])
+    loaded = load_model(recipe, torch.device("cpu"))
+    loaded.model.train()
+    causal_lm_loss(loaded.model, build_train_batches(recipe, loaded.tokenizer).batch(0)).backward()
+    figures = memory.breakdown(loaded.model, loaded.runtime_mb)
+    parts = ["runtime_mb", "weights_mb", "lora_optimizer_mb", "activations_mb", "logits_mb", "other_mb"]
+    assert set(figures) == {"peak_rss_mb", *parts}
+    assert figures["peak_rss_mb"] == pytest.approx(memory.peak_rss_mb(), abs=1)
+    assert sum(figures[k] for k in parts) == pytest.approx(figures["peak_rss_mb"], abs=0.5)
+    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in memory.frozen_tensors(loaded.model)}
+    assert figures["weights_mb"] == pytest.approx(sum(storages.values()) / 2**20, abs=0.1)
+    assert any(t.dtype == torch.uint8 for t in memory.frozen_tensors(loaded.model))  # packed 4-bit weights
+    assert all(figures[k] > 0 for k in parts[:-1])
+
+
+def test_memory_recipe_is_the_issue_setup():
+    recipe = load_recipe(REPO / "recipes" / "memory-0.5b.yaml", [])
+    spec = yaml.safe_load((models.PRESET_DIR / f"{recipe.model.name}.yaml").read_text())["config"]
+    assert (spec["hidden_size"], spec["num_hidden_layers"], spec["vocab_size"]) == (896, 24, 151936)
+    assert recipe.lora.rank == 16 and len(recipe.lora.targets) == 7
+    assert (recipe.train.batch_size, recipe.data.max_length, recipe.method, recipe.lcsb.blocks) == (1, 256, "lcsb", 4)
+    assert recipe.quantization == "nf4" and recipe.memory.streamed_load and recipe.memory.embedding == "nf4"
+
+
+@pytest.mark.parametrize("overrides,key", [
+    (["memory.embedding=nf4"], "memory.embedding"),
+    (["memory.streamed_load=true"], "memory.streamed_load"),
+    (["quantization=nf4", "memory.streamed_load=true", "backend=cuda"], "memory.streamed_load"),
+    (["train.optimizer=sgd"], "train.optimizer"),
+])
+def test_memory_settings_that_cannot_work_are_bad_input(overrides, key):
+    with pytest.raises(BadInput, match=key):
+        load_recipe(LAMP2, overrides)
