@@ -56,12 +56,13 @@ def run_bench(recipe: Recipe, compare: list[str], steps: int, warmup: int, outpu
                 worker.rows.append(row)
                 if reporter:
                     reporter(name, row)
+        memory = {name: worker.ask("memory", None) for name, worker in workers.items()}
         evals = {name: worker.ask("eval", None) if evaluate else None for name, worker in workers.items()}
     finally:
         for worker in workers.values():
             worker.close()
     result = summarize_bench(names, {n: w.rows[warmup:] for n, w in workers.items()},
-                             {n: w.rows for n, w in workers.items()}, evals)
+                             {n: w.rows for n, w in workers.items()}, evals, memory)
     output.mkdir(parents=True, exist_ok=True)
     write_json_atomic(output / "bench.json", result)
     write_text_atomic(output / "bench.md", bench_markdown(result, recipe, steps, warmup))
@@ -108,7 +109,7 @@ class _Worker:
 
 
 def summarize_bench(names: list[str], timed: dict[str, list[dict]], all_rows: dict[str, list[dict]],
-                    evals: dict) -> dict:
+                    evals: dict, memory: dict | None = None) -> dict:
     medians = {n: statistics.median(r["step_time_s"] for r in timed[n]) for n in names}
     baseline = BASELINE if BASELINE in names else names[0]
     result = {"baseline": baseline, "methods": []}
@@ -124,7 +125,7 @@ def summarize_bench(names: list[str], timed: dict[str, list[dict]], all_rows: di
             "peak_mem_mb": max(r["peak_mem_mb"] for r in all_rows[name]),
             "final_loss": all_rows[name][-1]["loss"], "eval": evals.get(name),
             "diverged": any(r.get("event") in ("diverged", "rollback") for r in all_rows[name]),
-            "speedup": medians[baseline] / medians[name],
+            "speedup": medians[baseline] / medians[name], "memory": (memory or {}).get(name),
         }
         if "sim_step_time_s" in rows[0]:
             entry.update(_simulated(rows, timed[baseline]))
@@ -163,7 +164,24 @@ def bench_markdown(result: dict, recipe: Recipe, steps: int, warmup: int) -> str
                   "| method | sim step (ms) | sim energy (mJ/step) | NPU util | sim speedup |", "| --- | --- | --- | --- | --- |"]
         lines += [f"| {m['name']} | {m['sim_step_time_s'] * 1e3:.2f} | {m['sim_energy_j'] * 1e3:.1f} | "
                   f"{m['npu_util']:.2f} | {m['sim_speedup']:.2f}x |" for m in result["methods"]]
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + memory_markdown(result["methods"])) + "\n"
+
+
+MEMORY_COLUMNS = {"peak_rss_mb": "peak RSS", "runtime_mb": "runtime", "weights_mb": "weights",
+                  "lora_optimizer_mb": "LoRA + optimizer", "activations_mb": "activations", "logits_mb": "logits",
+                  "other_mb": "other"}
+
+
+def memory_markdown(methods: list[dict]) -> list[str]:
+    """The peak-RSS breakdown (memory.breakdown) per method, MB; methods without one (hf-trainer) are left out."""
+    rows = [m for m in methods if m.get("memory")]
+    if not rows:
+        return []
+    header = "| method | " + " | ".join(MEMORY_COLUMNS.values()) + " |"
+    lines = ["", "Peak RSS breakdown (MB; other = allocator slack, transient dequantized weights, data, late imports):",
+             "", header, "|" + " --- |" * (len(MEMORY_COLUMNS) + 1)]
+    return lines + [f"| {m['name']} | " + " | ".join(f"{m['memory'][c]:.0f}" for c in MEMORY_COLUMNS) + " |"
+                    for m in rows]
 
 
 def plot_loss_curves(rows: dict[str, list[dict]], path: Path) -> None:

@@ -6,15 +6,12 @@ coordinator interleaves their timed steps (A B A B ...) so drift on a shared mac
 
 from __future__ import annotations
 
-import resource
 import tempfile
 import time
 
 import torch
 
-
-def _rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+from .memory import breakdown, peak_rss_mb
 
 
 def lcsb_worker(conn, recipe_dict: dict) -> None:
@@ -26,15 +23,17 @@ def lcsb_worker(conn, recipe_dict: dict) -> None:
     trainer, loaded, _ = build_trainer(recipe)
     trainer.good.take()
     loaded.model.train()
-    conn.send({"setup_mem_mb": _rss_mb()})
+    conn.send({"setup_mem_mb": peak_rss_mb()})
     while True:
         command, arg = conn.recv()
         if command == "step":
             row = trainer.step(arg)
-            conn.send({**row, "peak_mem_mb": _rss_mb() if trainer.backend.name == "cpu" else row["peak_mem_mb"]})
+            conn.send({**row, "peak_mem_mb": peak_rss_mb() if trainer.backend.name == "cpu" else row["peak_mem_mb"]})
         elif command == "eval":
             conn.send(_evaluate(loaded.model, loaded.tokenizer, recipe))
             loaded.model.train()
+        elif command == "memory":
+            conn.send(breakdown(loaded.model, loaded.runtime_mb))
         else:
             conn.send(None)
             return
@@ -43,6 +42,7 @@ def lcsb_worker(conn, recipe_dict: dict) -> None:
 def hf_trainer_worker(conn, recipe_dict: dict, bf16: bool, total: int) -> None:
     """A plain transformers.Trainer + peft LoRA on the same model and batches, in its default setup (fp32,
     or bf16=True); a callback lets the coordinator start each step and reads its time and loss."""
+    import datasets
     from transformers import Trainer, TrainerCallback, TrainingArguments
     from transformers.trainer_callback import PrinterCallback
 
@@ -71,7 +71,7 @@ def hf_trainer_worker(conn, recipe_dict: dict, bf16: bool, total: int) -> None:
                 tokens = sum(len(stream.dataset[i]["input_ids"]) for i in order[(step - 1) * recipe.train.batch_size:
                                                                                   step * recipe.train.batch_size])
                 conn.send({"step": step, "loss": logs["loss"], "step_time_s": self.elapsed, "tokens": tokens,
-                           "tokens_per_s": tokens / self.elapsed, "peak_mem_mb": _rss_mb()})
+                           "tokens_per_s": tokens / self.elapsed, "peak_mem_mb": peak_rss_mb()})
 
     class InOrder(Trainer):
         def _get_train_sampler(self, train_dataset=None):
@@ -82,16 +82,18 @@ def hf_trainer_worker(conn, recipe_dict: dict, bf16: bool, total: int) -> None:
         max_steps=total, learning_rate=recipe.train.lr, logging_steps=1, save_strategy="no", report_to=[],
         use_cpu=True, bf16=bf16, disable_tqdm=True, dataloader_num_workers=0, seed=recipe.train.seed,
     )
-    dataset = [stream.dataset[i] for i in order]
+    dataset = datasets.Dataset.from_list([stream.dataset[i] for i in order])  # what HF Trainer users hand it
     trainer = InOrder(model=loaded.model, args=args, train_dataset=dataset, callbacks=[Timed()],
                       data_collator=lambda rows: collate(rows, loaded.tokenizer.pad_token_id))
     trainer.remove_callback(PrinterCallback)  # its per-step log lines would interleave with the bench display
-    conn.send({"setup_mem_mb": _rss_mb()})
+    conn.send({"setup_mem_mb": peak_rss_mb()})
     trainer.train()
     while True:
         command, _ = conn.recv()
         if command == "eval":
             conn.send(_evaluate(loaded.model, loaded.tokenizer, recipe))
+        elif command == "memory":  # HF's own loss and loop: the engine's probes see none of it
+            conn.send(None)
         else:
             conn.send(None)
             return

@@ -22,6 +22,7 @@ from .divergence import DivergenceGuard, GoodState, all_finite, scale_lr
 from .errors import BadInput, Diverged
 from .evaluate import evaluate_questions
 from .losses import causal_lm_loss
+from .memory import breakdown, make_optimizer
 from .methods import build_method
 from .models import load_model, lora_parameters
 from .overnight import Job, write_report
@@ -232,7 +233,7 @@ def build_trainer(recipe: Recipe, world: World = SINGLE):
     held_out = eval_questions(recipe) if recipe.train.eval_every or recipe.overnight.report else []
     params = lora_parameters(loaded.model)
     lr = recipe.mezo.lr if recipe.method == "mezo" else recipe.train.lr
-    optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=recipe.train.weight_decay)
+    optimizer = make_optimizer(recipe.train.optimizer, params, lr, recipe.train.weight_decay)
     lr_scheduler = get_scheduler(
         recipe.train.lr_scheduler, optimizer, num_warmup_steps=recipe.train.warmup_steps,
         num_training_steps=recipe.train.max_steps,
@@ -315,6 +316,7 @@ def _finish(recipe, run_dir, trainer, loaded, held_out, adapter_dir, job, wall, 
     save_adapter(loaded.model, adapter_dir)
     summary = summarize(rundir.read_metrics(run_dir / "metrics.jsonl"), trainer.method, wall)
     summary["diverged"] = diverged is not None
+    summary["memory"] = breakdown(loaded.model, loaded.runtime_mb)
     if trainer.world.size > 1:
         summary["world_size"] = trainer.world.size
     if stopped:

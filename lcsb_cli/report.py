@@ -102,9 +102,18 @@ def _simulated(row: dict) -> str:
 
 def key_value_table(title: str, data: dict) -> Table:
     table = Table(title=title, show_header=False)
-    for key, value in data.items():
+    for key, value in _flat(data):
         table.add_row(key, f"{value:.4g}" if isinstance(value, float) else str(value))
     return table
+
+
+def _flat(data: dict, prefix: str = ""):
+    """(dotted key, value) pairs: nested sections such as summary.json's memory breakdown one row each."""
+    for key, value in data.items():
+        if isinstance(value, dict):
+            yield from _flat(value, f"{prefix}{key}.")
+        else:
+            yield f"{prefix}{key}", value
 
 
 def eval_table(result: dict) -> Table:

@@ -31,6 +31,10 @@ def test_bench_runs_methods_interleaved_and_writes_its_reports(tmp_path):
         result["forward_s"] + result["backward_s"] / 4)
     assert (out / "loss_curves.png").stat().st_size > 10_000
     assert "| lcsb:4 |" in (out / "bench.md").read_text()
+    memory = {m["name"]: m["memory"] for m in result["methods"]}
+    assert memory["hf-trainer"] is None  # HF's own loop: the engine's probes see none of it
+    assert 0 < memory["lcsb:4"]["activations_mb"] < memory["full-backprop"]["activations_mb"] / 2
+    assert "Peak RSS breakdown" in (out / "bench.md").read_text()
 
 
 def test_bench_refuses_an_unknown_method_before_starting_anything(tmp_path):

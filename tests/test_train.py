@@ -30,6 +30,10 @@ def test_train_writes_the_run_directory(tmp_path):
     assert all(r["method"] == "lcsb" and r["tokens"] > 0 and r["peak_mem_mb"] > 0 for r in rows)
     summary = json.loads((run_dir / "summary.json").read_text())
     assert SUMMARY_FIELDS <= set(summary) and summary["steps"] == 6 and summary["blocks"] == 4
+    parts = summary["memory"]
+    assert set(parts) == {"peak_rss_mb", "runtime_mb", "weights_mb", "lora_optimizer_mb", "activations_mb",
+                          "logits_mb", "other_mb"}
+    assert parts["peak_rss_mb"] == pytest.approx(sum(v for k, v in parts.items() if k != "peak_rss_mb"), abs=1)
     config = yaml.safe_load((run_dir / "config.yaml").read_text())
     assert config["train"]["max_steps"] == 6 and config["lcsb"]["blocks"] == 4
     assert (run_dir / "adapter" / "adapter_config.json").is_file()
