@@ -8,6 +8,9 @@ import warnings as _warnings
 # note about an optional hub kernel we must not fetch) would drown the run's own display.
 _os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 _os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+# OpenMP threads that spin between parallel regions starve bitsandbytes' CPU kernels and the Python between them
+# (the 4-bit 0.5B step took 15-49 s spinning); passive waiting sleeps instead. Read when torch loads OpenMP.
+_os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 _logging.getLogger("bitsandbytes").setLevel(_logging.ERROR)
 _warnings.filterwarnings("ignore", category=FutureWarning, module=r"(transformers|peft)\b")
 # MeZO steps no optimizer, yet the LR schedule must advance: torch's ordering warning does not apply.

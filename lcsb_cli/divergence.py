@@ -15,7 +15,8 @@ WINDOW = 20  # good losses the spike test takes its running median over
 
 class GoodState:
     """The last good training state in preallocated buffers: LoRA weights, AdamW moments and step counts
-    (one fused copy per step), plus the small LR-scheduler and method states.
+    (one fused copy per step), plus the small LR-scheduler and method states and any optimizer state held as
+    plain numbers (bitsandbytes' AdamW8bit counts its steps in a Python int).
 
     It is taken just before an update, once the step's loss proved the current weights sound, so a rollback
     never lands on weights that no forward pass has checked."""
@@ -26,6 +27,7 @@ class GoodState:
         self.live: list[torch.Tensor] = []  # the tensors the buffers mirror (AdamW updates them in place)
         self.with_state: list[torch.nn.Parameter] = []
         self.small: dict = {}
+        self.numbers: list[tuple] = []  # (parameter, state key, value) for optimizer state that is not a tensor
 
     def reset(self) -> None:
         """Forget the buffers, e.g. after the optimizer's state was replaced by a checkpoint's."""
@@ -38,6 +40,7 @@ class GoodState:
 
     def take(self) -> None:
         if self.buffers is None or len(self.optimizer.state) != len(self.with_state):
+            self.buffers = None  # the old copies go before the new ones are made
             self.with_state = [p for p in self.params if p in self.optimizer.state]
             self.live = self._gather()
             self.buffers = [t.clone() for t in self.live]
@@ -45,12 +48,16 @@ class GoodState:
             torch._foreach_copy_(self.buffers, self.live)
         self.small = copy.deepcopy({"lr_scheduler": self.lr_scheduler.state_dict(),
                                     "method": self.method.state_dict()})
+        state = self.optimizer.state
+        self.numbers = [(p, k, v) for p in self.with_state for k, v in state[p].items() if not torch.is_tensor(v)]
 
     def restore(self) -> None:
         keep = set(map(id, self.with_state))
         for p in [p for p in self.optimizer.state if id(p) not in keep]:
             del self.optimizer.state[p]
         torch._foreach_copy_(self.live, self.buffers)
+        for p, key, value in self.numbers:
+            self.optimizer.state[p][key] = value
         base_lrs = self.lr_scheduler.base_lrs  # a rollback's learning-rate backoff outlives the rollback
         self.lr_scheduler.load_state_dict(copy.deepcopy(self.small["lr_scheduler"]))
         self.lr_scheduler.base_lrs = base_lrs

@@ -1,5 +1,6 @@
 """The training step: per-token loss across accumulation, non-finite guard, checkpointing equivalence."""
 
+import copy
 import math
 
 import pytest
@@ -10,6 +11,7 @@ from lcsb_cli.backends import CpuBackend
 from lcsb_cli.data import build_train_batches
 from lcsb_cli.engine import Trainer
 from lcsb_cli.losses import causal_lm_loss
+from lcsb_cli.memory import make_optimizer
 from lcsb_cli.methods import build_method
 from lcsb_cli.models import load_model, lora_parameters
 from lcsb_cli.recipe import load_recipe
@@ -66,18 +68,24 @@ def test_a_nonfinite_loss_never_reaches_the_weights(action, event):
     assert trainer.optimizer.param_groups[0]["lr"] == pytest.approx(expected_lr)
 
 
-def test_rollback_restores_weights_and_moments_of_the_last_good_step():
-    trainer, _ = make_trainer("divergence.action=rollback")
+def adamw8bit(params, lr):
+    return make_optimizer("adamw8bit", params, lr, weight_decay=0.0)
+
+
+@pytest.mark.parametrize("optimizer_class", [torch.optim.AdamW, adamw8bit])
+def test_rollback_restores_weights_and_moments_of_the_last_good_step(optimizer_class):
+    trainer, _ = make_trainer("divergence.action=rollback", optimizer_class=optimizer_class)
     trainer.step(0)
     good = [p.detach().clone() for p in trainer.params]
-    moments = {id(p): {k: v.clone() for k, v in trainer.optimizer.state[p].items()} for p in trainer.params}
-    trainer.optimizer.step = lambda: [p.data.fill_(float("inf")) for p in trainer.params]  # a poisoned update
+    moments = {id(p): copy.deepcopy(trainer.optimizer.state[p]) for p in trainer.params}
+    real_step = trainer.optimizer.step  # a poisoned update: moments and step counts advance, weights turn inf
+    trainer.optimizer.step = lambda: (real_step(), [p.data.fill_(float("inf")) for p in trainer.params])
     row = trainer.step(1)
     assert row["event"] == "rollback" and "non-finite" in row["reason"]
     assert all(torch.equal(p, q) for p, q in zip(trainer.params, good))
     for p in trainer.params:
         for k, v in trainer.optimizer.state[p].items():
-            assert torch.equal(v, moments[id(p)][k])
+            assert torch.equal(v, moments[id(p)][k]) if torch.is_tensor(v) else v == moments[id(p)][k]
 
 
 @pytest.mark.parametrize("method", ["lcsb", "full-backprop"])

@@ -70,6 +70,7 @@ def test_mezo_update_is_the_spsa_formula():
     ("method=lisa", "lisa.layers=2", "lisa.interval=2"),
     ("lcsb.schedule=adaptive",),
     ("method=mezo", "mezo.lr=1e-3"),
+    ("train.optimizer=adamw8bit", "lora.rank=64"),  # rank 64: tensors of 4096 values get 8-bit moments
 ])
 def test_stateful_methods_resume_exactly(tmp_path, variant):
     common = ("train.max_steps=7", "train.save_every=3", "lora.dropout=0.1", *variant)

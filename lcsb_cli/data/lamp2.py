@@ -203,16 +203,15 @@ def _profile_ids(tokenizer: Any, profile: Sequence[dict], budget: int) -> list[i
 
 
 def lamp2_dataset(tokenizer: Any, questions: Sequence[LampQuestion], max_length: int, profile_k: int = 0):
-    """A datasets.Dataset (input_ids, labels); questions without a gold become prompt-only rows."""
-    from datasets import Dataset
-
+    """Rows {input_ids, labels}; questions without a gold become prompt-only rows. A plain list: importing
+    datasets (pyarrow) costs about 100 MB of resident memory, which the 1 GiB recipe cannot spare."""
     rows = []
     for q in questions:
         try:
             rows.append(encode_example(tokenizer, q.input, q.output, max_length, retrieve_profile(q, profile_k)))
         except BadInput as err:
             raise BadInput(f"question id {q.id!r}: {err}") from None
-    return Dataset.from_dict({"input_ids": [r["input_ids"] for r in rows], "labels": [r["labels"] for r in rows]})
+    return rows
 
 
 def retrieve_profile(question: LampQuestion, k: int) -> list[dict]:

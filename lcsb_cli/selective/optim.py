@@ -29,7 +29,7 @@ class IdleMomentum:
     def __init__(self, optimizer: torch.optim.Optimizer, block_params: Sequence[Sequence[nn.Parameter]]):
         self.optimizer = optimizer
         self.block_params = [list(params) for params in block_params]
-        self.zeros: dict[int, torch.Tensor] = {}  # one zero gradient per parameter, allocated once and reused
+        self.zeros = _shared_zeros(p for params in self.block_params for p in params)
 
     def before_step(self, active: int) -> None:
         state = self.optimizer.state
@@ -38,6 +38,14 @@ class IdleMomentum:
                 continue
             for p in params:
                 if p.grad is None and p in state:
-                    p.grad = self.zeros.get(id(p))
-                    if p.grad is None:
-                        p.grad = self.zeros[id(p)] = torch.zeros_like(p)
+                    p.grad = self.zeros[(p.dtype, p.device)][: p.numel()].view_as(p)
+
+
+def _shared_zeros(params) -> dict[tuple, torch.Tensor]:
+    """One zero buffer per (dtype, device), as long as the largest parameter: every idle gradient is a view of it.
+    AdamW only reads gradients and the engine sets them to None after each step, so sharing is safe."""
+    sizes: dict[tuple, int] = {}
+    for p in params:
+        key = (p.dtype, p.device)
+        sizes[key] = max(sizes.get(key, 0), p.numel())
+    return {(dtype, device): torch.zeros(n, dtype=dtype, device=device) for (dtype, device), n in sizes.items()}
