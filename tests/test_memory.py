@@ -70,6 +70,21 @@ def test_streamed_preset_is_the_same_model_whole_module_by_module_and_from_its_c
     assert len(list(streamed_preset.glob("quantized/*"))) == 1
 
 
+def test_streamed_build_never_holds_the_full_precision_model(monkeypatch):
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    monkeypatch.setattr(streamed, "DRAW_ROWS", 256)  # the embedding drawn in 16 chunks, as 4096 of 151,936 rows
+    spec = yaml.safe_load((models.PRESET_DIR / "tiny-qwen2.yaml").read_text())
+    config = AutoConfig.for_model(spec["architecture"], **spec["config"])
+    with memory.LiveBytes() as whole:
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    full_precision = sum(p.nbytes for p in model.parameters())
+    with memory.LiveBytes() as built:
+        streamed.streamed_model(config, torch.float32, "nf4", "nf4", streamed.RandomInit(0, 0.02))
+    assert whole.peak >= full_precision
+    assert built.peak < full_precision / 3
+
+
 def test_4bit_embedding_cache_reloads_the_same_model(streamed_preset):
     args = ("model.name=tiny-streamed", *STREAMED, "memory.embedding=nf4", "model.dtype=bfloat16")
     built = loss_and_grads(*args)
