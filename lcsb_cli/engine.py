@@ -316,7 +316,7 @@ def _finish(recipe, run_dir, trainer, loaded, held_out, adapter_dir, job, wall, 
     save_adapter(loaded.model, adapter_dir)
     summary = summarize(rundir.read_metrics(run_dir / "metrics.jsonl"), trainer.method, wall)
     summary["diverged"] = diverged is not None
-    summary["memory"] = breakdown(loaded.model, loaded.runtime_mb)
+    summary["memory"] = breakdown(loaded.model, loaded.runtime_mb, trainer.backend.held_weights())
     if trainer.world.size > 1:
         summary["world_size"] = trainer.world.size
     if stopped:

@@ -35,10 +35,12 @@ def causal_lm_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> to
 
 def head_cross_entropy(head: nn.Module, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """sum_i CE(head(hidden_i), targets_i) for hidden [T, H]: chunked over the vocabulary when the head is frozen
-    (a plain bias-free Linear, or a 4-bit QuantizedHead); a head that trains or adds a bias is applied whole."""
-    if hasattr(head, "weight_slice"):
+    (a plain bias-free Linear, or a 4-bit QuantizedHead); a head that trains or adds a bias is applied whole, and so
+    is one with forward hooks (npu-sim bills the head's products through one), which the chunks would bypass."""
+    hooked = head._forward_hooks or head._forward_pre_hooks
+    if hasattr(head, "weight_slice") and not hooked:
         return ChunkedHeadCrossEntropy.apply(hidden, targets, head.weight_slice, head.out_features)
-    if type(head) is nn.Linear and head.bias is None and not head.weight.requires_grad:
+    if type(head) is nn.Linear and head.bias is None and not head.weight.requires_grad and not hooked:
         weight = head.weight
         return ChunkedHeadCrossEntropy.apply(hidden, targets, lambda a, b, dtype: weight[a:b].to(dtype),
                                              head.out_features)

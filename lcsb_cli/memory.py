@@ -10,6 +10,7 @@ import gc
 import os
 import resource
 import weakref
+from collections.abc import Iterable
 
 import torch
 from torch import nn
@@ -78,7 +79,7 @@ class LiveBytes(TorchDispatchMode):
         if any(ret.alias_info for ret in func._schema.returns):  # a view or an in-place result: no new storage
             return out
         for tensor in tree_leaves(out):
-            if isinstance(tensor, torch.Tensor) and not tensor.is_meta:
+            if isinstance(tensor, torch.Tensor) and in_host_memory(tensor):
                 storage = tensor.untyped_storage()
                 key, size = storage.data_ptr(), storage.nbytes()
                 if key and key not in self._seen:
@@ -112,7 +113,7 @@ class MemoryProbe:
 
         def pack(tensor):
             key = tensor.untyped_storage().data_ptr()
-            if key not in self._owned:
+            if key not in self._owned and in_host_memory(tensor):
                 saved[key] = tensor.untyped_storage().nbytes()
             return tensor
 
@@ -128,7 +129,7 @@ class MemoryProbe:
         self.logits = max(self.logits, live.peak)
 
     def _grad_arrived(self, param) -> None:
-        self._step_grads += param.grad.nbytes
+        self._step_grads += param.grad.nbytes if in_host_memory(param.grad) else 0
         self.grads = max(self.grads, self._step_grads)
 
 
@@ -142,17 +143,25 @@ def frozen_tensors(model: nn.Module) -> list[torch.Tensor]:
     return tensors
 
 
-def breakdown(model: nn.Module, runtime_mb: float) -> dict:
+def in_host_memory(tensor: torch.Tensor) -> bool:
+    """Whether the tensor's bytes are part of this process's RSS (not meta, not on an accelerator)."""
+    return not tensor.is_meta and tensor.device.type == "cpu"
+
+
+def breakdown(model: nn.Module, runtime_mb: float, held_weights: Iterable[torch.Tensor] = ()) -> dict:
     """The whole process's peak RSS (the OS's ru_maxrss) beside what it is made of: the runtime (RSS when the model
-    began loading: `LoadedModel.runtime_mb`), frozen weights, LoRA + optimizer (every live tensor now that is not
-    a frozen weight: LoRA weights, optimizer state and any copies, plus the largest step's gradients), and the
-    activations and logits of `model`'s MemoryProbe. `other_mb` is the rest: allocator slack, transient
-    dequantized weights and recomputation, data, and libraries imported after loading."""
+    began loading: `LoadedModel.runtime_mb`), frozen weights (the model's, plus `held_weights`: a backend's own
+    copies such as npu-sim's resident tiles), LoRA + optimizer (every live tensor now that is not a frozen weight:
+    LoRA weights, optimizer state and any copies, plus the largest step's gradients), and the activations and
+    logits of `model`'s MemoryProbe. Only host memory counts: on CUDA the parts describe the host process alone.
+    `other_mb` is the rest: allocator slack, transient dequantized weights and recomputation, data, and libraries
+    imported after loading."""
     probe = model.get_base_model().memory_probe if hasattr(model, "get_base_model") else model.memory_probe
-    frozen = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in frozen_tensors(model)}
+    frozen = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
+              for t in [*frozen_tensors(model), *held_weights] if in_host_memory(t)}
     live = {}
     for obj in gc.get_objects():
-        if issubclass(type(obj), torch.Tensor) and not obj.is_meta and obj.device.type == "cpu":
+        if issubclass(type(obj), torch.Tensor) and in_host_memory(obj):
             live[obj.untyped_storage().data_ptr()] = obj.untyped_storage().nbytes()
     mb = 2**-20
     figures = {

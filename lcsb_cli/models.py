@@ -164,16 +164,13 @@ def _load_streamed(recipe: Recipe):
         config = AutoConfig.for_model(spec["architecture"], **spec["config"])
         base_dir = TOKENIZER_DIR / spec["tokenizer"]
         cached = _quantized_cache(name, spec_text, recipe) / "model.safetensors"
-        source = streamed.QuantizedFile(cached) if cached.is_file() else _random_init(spec, config)
+        source = _open_cache(cached) or _random_init(spec, config)
     else:
         base_dir = resolve_base_dir(name)
         config = check_causal_lm(base_dir, recipe.model.trust_remote_code)
         check_checkpoint_files(base_dir)
         source, cached = streamed.SafetensorsCheckpoint(base_dir), None
-    try:
-        model = streamed.streamed_model(config, dtype, recipe.quantization, recipe.memory.embedding, source)
-    except ValueError as exc:  # QuantizedRows: a width that is not whole 4-bit blocks
-        raise BadInput(f"memory.embedding: {exc}; set memory.embedding=keep") from exc
+    model = streamed.streamed_model(config, dtype, recipe.quantization, recipe.memory.embedding, source)
     if isinstance(source, streamed.RandomInit):
         _write_atomically(cached.parent, lambda tmp: streamed.save_quantized(model, tmp / cached.name))
     model.config.use_cache = False
@@ -181,10 +178,28 @@ def _load_streamed(recipe: Recipe):
 
 
 def _quantized_cache(name: str, spec_text: str, recipe: Recipe) -> Path:
+    """Keyed by everything that decides its bytes: the preset, its tokenizer, the quantization and dtype, and the
+    library versions (transformers' `_init_weights` draws the init, bitsandbytes packs the 4-bit blocks)."""
+    from importlib.metadata import version
+
     spec = yaml.safe_load(spec_text)
     tokenizer = (TOKENIZER_DIR / spec["tokenizer"] / "tokenizer.json").read_text()
-    key = f"{spec_text}{tokenizer}{recipe.quantization}/{recipe.model.dtype}/{recipe.memory.embedding}/1"
+    libraries = f"{version('transformers')}/{version('bitsandbytes')}"
+    key = f"{spec_text}{tokenizer}{recipe.quantization}/{recipe.model.dtype}/{recipe.memory.embedding}/{libraries}"
     return cache_root() / "quantized" / f"{name}-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
+
+
+def _open_cache(path: Path) -> streamed.QuantizedFile | None:
+    """The cached quantized preset, or None when there is none or it is unreadable (then it is removed and rebuilt)."""
+    from safetensors import SafetensorError
+
+    if not path.is_file():
+        return None
+    try:
+        return streamed.QuantizedFile(path)
+    except (SafetensorError, OSError):
+        shutil.rmtree(path.parent, ignore_errors=True)
+        return None
 
 
 def _write_atomically(target: Path, write) -> None:

@@ -278,6 +278,9 @@ def _validate_memory(recipe: Recipe) -> None:
                        f"not {recipe.quantization}")
     if recipe.memory.streamed_load and recipe.backend != "cpu":
         raise BadInput("memory.streamed_load: the streamed 4-bit build runs on backend=cpu")
+    if recipe.memory.streamed_load and recipe.model.trust_remote_code:
+        raise BadInput("memory.streamed_load: builds transformers' own architectures; a model that needs "
+                       "model.trust_remote_code loads with memory.streamed_load=false")
     if recipe.memory.embedding != "keep" and not recipe.memory.streamed_load:
         raise BadInput("memory.embedding: a 4-bit embedding / LM head needs memory.streamed_load=true")
 

@@ -27,7 +27,8 @@ class QuantizedRows(nn.Module):
     def __init__(self, rows: int, cols: int, quant_type: str, device=None):
         super().__init__()
         if cols % ROW_BLOCK:
-            raise ValueError(f"4-bit rows need a width that is a multiple of {ROW_BLOCK}, got {cols}")
+            raise BadInput(f"memory.embedding: 4-bit rows need a hidden size that is a multiple of {ROW_BLOCK}, "
+                           f"this model's is {cols}; set memory.embedding=keep")
         self.shape, self.quant_type = (rows, cols), quant_type
         self.register_buffer("packed", torch.empty(rows, cols // 2, dtype=torch.uint8, device=device))
         self.register_buffer("absmax", torch.empty(rows, cols // ROW_BLOCK, dtype=torch.float32, device=device))
@@ -45,8 +46,6 @@ class QuantizedRows(nn.Module):
             out.packed[start:stop] = packed.view(-1, cols // 2)
             out.absmax[start:stop] = state.absmax.view(-1, cols // ROW_BLOCK)
             start = stop
-        if start != rows:
-            raise ValueError(f"got {start} rows, expected {rows}")
         return out
 
     def _dequantize(self, packed: torch.Tensor, absmax: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -174,13 +173,23 @@ class SafetensorsCheckpoint(FloatSource):
             raise BadInput(f"model.name: the checkpoint has no tensor {key!r}")
         with safe_open(self.files[key], "pt") as f:
             tensor = f.get_tensor(key) if rows is None else f.get_slice(key)[rows]
-            return tensor.to(torch.float32, copy=True)
+            return tensor.to(torch.float32, copy=True) if tensor.is_floating_point() else tensor.clone()
+
+    def _check_shape(self, key: str, shape: torch.Size) -> None:
+        from safetensors import safe_open
+
+        with safe_open(self.files[key], "pt") as f:
+            found = tuple(f.get_slice(key).get_shape())
+        if found != tuple(shape):
+            raise BadInput(f"model.name: tensor {key!r} has shape {list(found)}, its config.json says {list(shape)}")
 
     def fill(self, model, name, module):
         _fill_from(model, name, module, self._read)
 
     def row_chunks(self, name, module):
         rows = module.weight.shape[0]
+        if f"{name}.weight" in self.files:
+            self._check_shape(f"{name}.weight", module.weight.shape)
         for start in range(0, rows, DRAW_ROWS):
             yield self._read(f"{name}.weight", slice(start, min(start + DRAW_ROWS, rows)))
 
@@ -268,7 +277,11 @@ def _fill_from(model: nn.Module, name: str, module: nn.Module, read) -> None:
         module.to_empty(device="cpu", recurse=False)
         model._init_weights(module)
     for local in own:
-        tensor = read(f"{name}.{local}" if name else local)
+        key = f"{name}.{local}" if name else local
+        tensor = read(key)
+        if tensor.shape != getattr(module, local).shape:
+            raise BadInput(f"model.name: tensor {key!r} has shape {list(tensor.shape)}, its config.json says "
+                           f"{list(getattr(module, local).shape)}")
         setattr(module, local, nn.Parameter(tensor, requires_grad=False) if local in module._parameters else tensor)
 
 

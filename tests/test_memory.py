@@ -68,6 +68,9 @@ def test_streamed_preset_is_the_same_model_whole_module_by_module_and_from_its_c
     assert_same(built, whole)
     assert_same(loss_and_grads(name, *STREAMED), built)  # loaded from the cache
     assert len(list(streamed_preset.glob("quantized/*"))) == 1
+    cached[0].write_bytes(cached[0].read_bytes()[:1000])  # a cache file cut short: rebuilt, same model
+    assert_same(loss_and_grads(name, *STREAMED), built)
+    assert cached[0].stat().st_size > 1000
 
 
 def test_streamed_build_never_holds_the_full_precision_model(monkeypatch):
@@ -133,6 +136,17 @@ def test_chunked_cross_entropy_equals_the_full_logits_loss_and_gradients(monkeyp
     chunked, chunked_grad, full, full_grad = chunked_and_full(head, whole)
     torch.testing.assert_close(chunked, full, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(chunked_grad, full_grad, rtol=1e-4, atol=2e-5)
+
+
+def test_a_head_with_forward_hooks_is_applied_whole_so_the_hooks_see_it():
+    recipe = load_recipe(LAMP2, [])
+    loaded = load_model(recipe, torch.device("cpu"))
+    batch = build_train_batches(recipe, loaded.tokenizer).batch(0)
+    calls = []
+    loaded.model.get_output_embeddings().register_forward_hook(lambda module, args, out: calls.append(out.shape))
+    causal_lm_loss(loaded.model, batch).backward()
+    n_targets = int((batch["labels"][:, 1:] != -100).sum())
+    assert calls == [torch.Size([n_targets, 4096])]
 
 
 def test_chunked_cross_entropy_never_holds_the_full_logits(monkeypatch):
@@ -252,11 +266,31 @@ def test_memory_recipe_is_the_issue_setup():
     assert recipe.quantization == "nf4" and recipe.memory.streamed_load and recipe.memory.embedding == "nf4"
 
 
+@pytest.mark.parametrize("embedding", ["keep", "nf4"])
+def test_a_checkpoint_that_disagrees_with_its_config_is_bad_input(tmp_path, embedding):
+    import json
+    import shutil
+
+    checkpoint = tmp_path / "ckpt"
+    shutil.copytree(models.materialize_preset("tiny-qwen2"), checkpoint)
+    config = json.loads((checkpoint / "config.json").read_text())
+    (checkpoint / "config.json").write_text(json.dumps({**config, "vocab_size": config["vocab_size"] + 64}))
+    recipe = load_recipe(LAMP2, [f"model.name={checkpoint}", *STREAMED, f"memory.embedding={embedding}"])
+    with pytest.raises(BadInput, match=r"model.name: tensor 'model.embed_tokens.weight' has shape \[4096, 64\]"):
+        load_model(recipe, torch.device("cpu"))
+
+
+def test_4bit_rows_refuse_a_width_that_is_not_whole_blocks():
+    with pytest.raises(BadInput, match="memory.embedding: .* multiple of 64, this model's is 96"):
+        streamed.QuantizedRows(10, 96, "nf4")
+
+
 @pytest.mark.parametrize("overrides,key", [
     (["memory.embedding=nf4"], "memory.embedding"),
     (["memory.streamed_load=true"], "memory.streamed_load"),
     (["quantization=nf4", "memory.streamed_load=true", "backend=cuda"], "memory.streamed_load"),
     (["train.optimizer=sgd"], "train.optimizer"),
+    ([*STREAMED, "model.trust_remote_code=true"], "memory.streamed_load"),
 ])
 def test_memory_settings_that_cannot_work_are_bad_input(overrides, key):
     with pytest.raises(BadInput, match=key):

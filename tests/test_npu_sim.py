@@ -143,6 +143,12 @@ def test_no_fp32_weight_copy_and_resident_bytes_fixed_while_training(tmp_path):
     for step in range(2):
         trainer.step(step)
     assert npu.resident_bytes() == before
+    # the memory breakdown counts the resident tiles as weights and the meta placeholders as nothing
+    from lcsb_cli.memory import breakdown, frozen_tensors
+
+    on_cpu = sum(t.nbytes for t in frozen_tensors(loaded.model) if not t.is_meta)
+    figures = breakdown(loaded.model, 0.0, trainer.backend.held_weights())
+    assert figures["weights_mb"] == pytest.approx((on_cpu + before) / 2**20, abs=0.05)
 
 
 def test_overlapped_npu_equals_serial_execution(tmp_path):

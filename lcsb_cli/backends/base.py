@@ -24,6 +24,10 @@ class Backend:
     def synchronize(self) -> None:
         pass
 
+    def held_weights(self) -> list:
+        """Tensors holding frozen weights outside the model (for the memory breakdown)."""
+        return []
+
     def state_dict(self) -> dict:
         return {}
 

@@ -41,6 +41,9 @@ class NpuSimBackend(CpuBackend):
             _bill_cpu_linear(head, self.device_model)
         self.trainable = sum(p.numel() for p in loaded.model.parameters() if p.requires_grad)
 
+    def held_weights(self) -> list:
+        return [t for r in self.executor.residents for t in (r.codes, r.scales) if t is not None]
+
     def begin_step(self, step: int) -> None:
         self._step = step
         self.device_model.begin_step()
