@@ -27,8 +27,7 @@ def lcsb_worker(conn, recipe_dict: dict) -> None:
     while True:
         command, arg = conn.recv()
         if command == "step":
-            row = trainer.step(arg)
-            conn.send({**row, "peak_mem_mb": peak_rss_mb() if trainer.backend.name == "cpu" else row["peak_mem_mb"]})
+            conn.send(trainer.step(arg))
         elif command == "eval":
             conn.send(_evaluate(loaded.model, loaded.tokenizer, recipe))
             loaded.model.train()

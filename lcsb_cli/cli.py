@@ -111,13 +111,12 @@ def train(
 
 def _launch(loaded, recipe: str, overrides: list[str], nproc: int, resume: bool, force: bool) -> int:
     """Check what can be checked here (exit 2 before any worker starts), then rerun this command under torchrun."""
-    from .distributed import launch
+    from .distributed import check_parallel_method, launch
     from .rundir import check_fresh, check_resume
 
     run_dir = Path(loaded.output_dir)
     check_resume(run_dir, loaded) if resume else check_fresh(run_dir, force)
-    if loaded.method == "mezo":
-        raise BadInput("method: mezo has no gradients to share; run it in one process (no --nproc)")
+    check_parallel_method(loaded.method)
     flags = ["--output", str(run_dir)] + ["--resume"] * resume + ["--force"] * force
     return launch(nproc, ["--debug"] * STATE["debug"] + ["train", str(recipe_path(recipe)), *overrides, *flags])
 

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from .errors import BadInput
+
 
 @dataclass(frozen=True)
 class World:
@@ -68,6 +70,11 @@ class World:
 
 
 SINGLE = World()
+
+
+def check_parallel_method(method: str) -> None:
+    if method == "mezo":
+        raise BadInput("method: mezo has no gradients to share; run it in one process (no --nproc)")
 
 
 def init_world(backend_name: str) -> World:

@@ -27,7 +27,8 @@ class GoodState:
         self.live: list[torch.Tensor] = []  # the tensors the buffers mirror (AdamW updates them in place)
         self.with_state: list[torch.nn.Parameter] = []
         self.small: dict = {}
-        self.numbers: list[tuple] = []  # (parameter, state key, value) for optimizer state that is not a tensor
+        self.number_keys: list[tuple] = []  # (parameter, state key) of optimizer state that is not a tensor
+        self.numbers: list = []  # their values
 
     def reset(self) -> None:
         """Forget the buffers, e.g. after the optimizer's state was replaced by a checkpoint's."""
@@ -44,19 +45,20 @@ class GoodState:
             self.with_state = [p for p in self.params if p in self.optimizer.state]
             self.live = self._gather()
             self.buffers = [t.clone() for t in self.live]
+            self.number_keys = [(p, k) for p in self.with_state for k, v in self.optimizer.state[p].items()
+                                if not torch.is_tensor(v)]
         else:
             torch._foreach_copy_(self.buffers, self.live)
         self.small = copy.deepcopy({"lr_scheduler": self.lr_scheduler.state_dict(),
                                     "method": self.method.state_dict()})
-        state = self.optimizer.state
-        self.numbers = [(p, k, v) for p in self.with_state for k, v in state[p].items() if not torch.is_tensor(v)]
+        self.numbers = [self.optimizer.state[p][k] for p, k in self.number_keys]  # empty for torch's AdamW
 
     def restore(self) -> None:
         keep = set(map(id, self.with_state))
         for p in [p for p in self.optimizer.state if id(p) not in keep]:
             del self.optimizer.state[p]
         torch._foreach_copy_(self.live, self.buffers)
-        for p, key, value in self.numbers:
+        for (p, key), value in zip(self.number_keys, self.numbers):
             self.optimizer.state[p][key] = value
         base_lrs = self.lr_scheduler.base_lrs  # a rollback's learning-rate backoff outlives the rollback
         self.lr_scheduler.load_state_dict(copy.deepcopy(self.small["lr_scheduler"]))

@@ -17,7 +17,7 @@ from . import rundir
 from .backends import get_backend
 from .checkpoint import write_json_atomic
 from .data import build_train_batches, eval_questions, train_questions
-from .distributed import SINGLE, World, init_world
+from .distributed import SINGLE, World, check_parallel_method, init_world
 from .divergence import DivergenceGuard, GoodState, all_finite, scale_lr
 from .errors import BadInput, Diverged
 from .evaluate import evaluate_questions
@@ -185,8 +185,8 @@ def train(recipe: Recipe, run_dir: Path, reporter: Reporter, resume: bool = Fals
     run_dir = Path(run_dir)
     if job is None:
         world = init_world(recipe.backend)
-        if world.size > 1 and recipe.method == "mezo":
-            raise BadInput("method: mezo has no gradients to share; run it in one process (no --nproc)")
+        if world.size > 1:
+            check_parallel_method(recipe.method)
         job = Job(recipe.overnight, run_dir, writes=world.is_main)
         with job.signals:
             return _train(recipe, run_dir, reporter if world.is_main else SilentReporter(), resume, force,

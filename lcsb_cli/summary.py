@@ -17,7 +17,8 @@ def aggregate(summaries: list[dict]) -> dict:
         "wall_time_s": sum(s["wall_time_s"] for s in summaries),
         "diverged": any(s["diverged"] for s in summaries),
         "events": dict(sum((Counter(s["events"]) for s in summaries), Counter())),
-        "memory": summaries[-1].get("memory"),  # the process's peak only rises: the last user's breakdown has it
+        "memory": max((s["memory"] for s in summaries if s.get("memory")), key=lambda m: m["peak_rss_mb"],
+                      default=None),
     }
 
 

@@ -1,10 +1,10 @@
 from __future__ import annotations
 
 import contextlib
-import resource
 
 import torch
 
+from ..memory import peak_rss_mb
 from .base import Backend
 
 
@@ -19,5 +19,4 @@ class CpuBackend(Backend):
         return contextlib.nullcontext()
 
     def peak_mem_mb(self) -> float:
-        """Peak resident set size of this process (Linux reports ru_maxrss in KiB)."""
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        return peak_rss_mb()
