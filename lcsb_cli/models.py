@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import importlib.util
 import json
 import os
 import shutil
-import tempfile
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,7 +16,7 @@ import torch
 import yaml
 from torch import nn
 
-from . import memory, streamed
+from . import atomic, gguf_in, memory, streamed
 from .errors import BadInput
 from .recipe import Recipe
 
@@ -45,18 +45,46 @@ def cache_root() -> Path:
     return Path(os.environ.get("LCSB_CACHE", Path.home() / ".cache" / "lcsb"))
 
 
-def resolve_base_dir(name: str) -> Path:
-    """A local checkpoint dir as given, or a preset materialised once into the cache."""
+def resolve_base_dir(name: str, dtype: str = "float32") -> Path:
+    """A local checkpoint dir as given, a GGUF file or GGUF preset converted once into the cache (in `dtype`), or a
+    random-init preset materialised once into the cache."""
     if name in preset_names():
-        return materialize_preset(name)
+        return materialize_preset(name, dtype)
     path = Path(name).expanduser()
+    if gguf_in.is_gguf_name(name):
+        return gguf_in.converted_checkpoint(path, DTYPES[dtype], cache_root() / "gguf")
     if not path.exists():
         raise BadInput(
-            f"model.name: {name!r} is neither a built-in preset ({', '.join(preset_names())}) "
-            "nor an existing checkpoint directory"
+            f"model.name: {name!r} is neither a built-in preset ({', '.join(preset_names())}), "
+            "a .gguf file nor an existing checkpoint directory"
         )
     if not (path / "config.json").is_file():
         raise BadInput(f"model.name: {path} has no config.json; point it at a dir written by save_pretrained")
+    return path
+
+
+def gguf_source(name: str) -> Path | None:
+    """The GGUF file a model name stands for (a .gguf path or a GGUF preset), or None."""
+    if name in preset_names():
+        spec = yaml.safe_load((PRESET_DIR / f"{name}.yaml").read_text())
+        return preset_gguf_file(name, spec["gguf"]) if "gguf" in spec else None
+    return Path(name).expanduser() if gguf_in.is_gguf_name(name) else None
+
+
+def portable_name(name: str) -> str:
+    """How adapters name their base: the preset, the GGUF file's name, or the checkpoint dir as given."""
+    return Path(name).name if gguf_in.is_gguf_name(name) else name
+
+
+def preset_gguf_file(name: str, spec: dict) -> Path:
+    """A GGUF preset's file inside its installed package, found through the import system (without importing the
+    package, whose own dependencies lcsb does not need)."""
+    found = importlib.util.find_spec(spec["package"])
+    if found is None or not found.submodule_search_locations:
+        raise BadInput(f"model.name: the preset {name} needs the package {spec['package']}: {spec['install']}")
+    path = Path(list(found.submodule_search_locations)[0]) / spec["file"]
+    if not path.is_file():
+        raise BadInput(f"model.name: {path} is missing from {spec['package']}; reinstall it: {spec['install']}")
     return path
 
 
@@ -70,13 +98,15 @@ def check_checkpoint_files(path: Path) -> None:
                        "save the tokenizer there too (tokenizer.save_pretrained)")
 
 
-def materialize_preset(name: str) -> Path:
-    """A pretrained preset's shipped checkpoint, or the preset's deterministic random-init weights and
-    tokenizer written once as an HF checkpoint into the cache."""
+def materialize_preset(name: str, dtype: str = "float32") -> Path:
+    """A pretrained preset's shipped checkpoint, its GGUF file converted into the cache, or the preset's
+    deterministic random-init weights and tokenizer written once as an HF checkpoint into the cache."""
     spec_text = (PRESET_DIR / f"{name}.yaml").read_text()
     spec = yaml.safe_load(spec_text)
     if "checkpoint" in spec:
         return PRESET_DIR / spec["checkpoint"]
+    if "gguf" in spec:
+        return gguf_in.converted_checkpoint(preset_gguf_file(name, spec["gguf"]), DTYPES[dtype], cache_root() / "gguf")
     tokenizer_dir = TOKENIZER_DIR / spec["tokenizer"]
     digest = hashlib.sha256((spec_text + (tokenizer_dir / "tokenizer.json").read_text()).encode()).hexdigest()
     target = cache_root() / "presets" / f"{name}-{digest[:12]}"
@@ -95,7 +125,7 @@ def materialize_preset(name: str) -> Path:
         model.save_pretrained(tmp)
         AutoTokenizer.from_pretrained(tokenizer_dir).save_pretrained(tmp)
 
-    _write_atomically(target, write)
+    atomic.write_dir(target, write)
     return target
 
 
@@ -135,7 +165,7 @@ def load_base(recipe: Recipe, device: torch.device):
 
     if recipe.memory.streamed_load and recipe.quantization in ("nf4", "fp4"):
         return _load_streamed(recipe)
-    base_dir = resolve_base_dir(recipe.model.name)
+    base_dir = resolve_base_dir(recipe.model.name, recipe.model.dtype)
     if recipe.model.trust_remote_code:
         warnings.warn(f"model.trust_remote_code is on: Python code shipped in {base_dir} will run", stacklevel=2)
     config = check_causal_lm(base_dir, recipe.model.trust_remote_code)
@@ -166,13 +196,13 @@ def _load_streamed(recipe: Recipe):
         cached = _quantized_cache(name, spec_text, recipe) / "model.safetensors"
         source = _open_cache(cached) or _random_init(spec, config)
     else:
-        base_dir = resolve_base_dir(name)
+        base_dir = resolve_base_dir(name, recipe.model.dtype)
         config = check_causal_lm(base_dir, recipe.model.trust_remote_code)
         check_checkpoint_files(base_dir)
         source, cached = streamed.SafetensorsCheckpoint(base_dir), None
     model = streamed.streamed_model(config, dtype, recipe.quantization, recipe.memory.embedding, source)
     if isinstance(source, streamed.RandomInit):
-        _write_atomically(cached.parent, lambda tmp: streamed.save_quantized(model, tmp / cached.name))
+        atomic.write_dir(cached.parent, lambda tmp: streamed.save_quantized(model, tmp / cached.name))
     model.config.use_cache = False
     return model, config, base_dir
 
@@ -202,17 +232,6 @@ def _open_cache(path: Path) -> streamed.QuantizedFile | None:
         return None
 
 
-def _write_atomically(target: Path, write) -> None:
-    """Fill a temp dir beside `target` with `write(tmp)` and rename it into place (another process may win)."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}-"))
-    write(tmp)
-    try:
-        os.rename(tmp, target)
-    except OSError:
-        shutil.rmtree(tmp, ignore_errors=True)
-
-
 def load_model(recipe: Recipe, device: torch.device, adapter: Path | None = None) -> LoadedModel:
     """Base model (quantized if asked) with LoRA on `recipe.lora.targets` (fresh, or `adapter`'s weights)."""
     from peft import LoraConfig, PeftModel, get_peft_model
@@ -233,6 +252,7 @@ def load_model(recipe: Recipe, device: torch.device, adapter: Path | None = None
         )
         with memory.seeded(recipe.train.seed):
             peft_model = get_peft_model(model, lora)
+    peft_model.active_peft_config.base_model_name_or_path = portable_name(recipe.model.name)
     model.memory_probe = memory.MemoryProbe(peft_model)
     return LoadedModel(peft_model, load_tokenizer(base_dir), decoder_layers(peft_model, config), base_dir, runtime_mb)
 

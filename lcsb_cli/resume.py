@@ -22,7 +22,7 @@ def save_state(run_dir: Path, step: int, trainer, wall_time_s: float) -> None:
         "rng": {"torch": torch.get_rng_state(),
                 "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []},
     }
-    save_checkpoint(run_dir, step, get_peft_model_state_dict(trainer.model), state, keep=KEEP_CHECKPOINTS)
+    save_checkpoint(run_dir, step, get_peft_model_state_dict(trainer.model, save_embedding_layers=False), state, keep=KEEP_CHECKPOINTS)
 
 
 def resume_state(run_dir: Path, trainer) -> tuple[int, float, list[dict]]:
@@ -58,7 +58,7 @@ def save_adapter(model, target: Path) -> None:
     tmp = target.with_name(f".{target.name}.tmp")
     if tmp.exists():
         shutil.rmtree(tmp)
-    model.save_pretrained(tmp)
+    model.save_pretrained(tmp, save_embedding_layers=False)  # LoRA never targets embeddings; no Hub look-up
     old = target.with_name(f".{target.name}.old")
     if target.exists():
         target.rename(old)
