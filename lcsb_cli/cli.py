@@ -185,15 +185,21 @@ def bench(
 @handled
 def export(
     run_dir: Annotated[Path, typer.Argument(help="A finished run directory.")],
-    output: Annotated[Path, typer.Option("--output", "-o", help="A new (or empty) directory to write.")],
+    output: Annotated[Path, typer.Option("--output", "-o", help="A new (or empty) directory to write; with "
+                                         "--format gguf, a new .gguf file.")],
     merge: Annotated[bool, typer.Option("--merge", help="Write the base model with the adapter merged in.")] = False,
+    fmt: Annotated[str, typer.Option("--format", help="Merged model as an HF checkpoint dir (hf) or one GGUF "
+                                     "file that llama.cpp loads (gguf).")] = "hf",
+    outtype: Annotated[Optional[str], typer.Option("--outtype", help="GGUF matrices: f16 (default) | bf16 | "
+                                                   "q8_0; 1-D tensors stay f32.")] = None,
     user: Annotated[Optional[str], typer.Option("--user", help="For a per-user run: whose adapter.")] = None,
 ) -> None:
-    """Write a run's adapter (PEFT format) or, with --merge, a standalone merged model."""
+    """Write a run's adapter (PEFT format) or, with --merge, a standalone merged model (HF dir or GGUF file)."""
     from .export import export_run
 
-    written = export_run(run_dir, output, merge, user)
-    out.print(f"{'merged model' if merge else 'adapter'} written to {written}", highlight=False)
+    written = export_run(run_dir, output, merge, user, fmt, outtype)
+    kind = f"merged {fmt.upper()} model" if merge else "adapter"
+    out.print(f"{kind} written to {written}", highlight=False)
 
 
 @app.command()

@@ -1,50 +1,87 @@
-"""`lcsb export`: a run's adapter in PEFT format, or the base model with the adapter merged in."""
+"""`lcsb export`: a run's adapter in PEFT format, or the base model with the adapter merged in (HF or GGUF)."""
 
 from __future__ import annotations
 
 import shutil
-import tempfile
 from pathlib import Path
 
 import torch
 
+from . import atomic, gguf_out
 from .errors import BadInput
 from .recipe import load_recipe, replace_key
 
+FORMATS = ("hf", "gguf")
 
-def export_run(run_dir: Path, output: Path, merge: bool = False, user: str | None = None) -> Path:
-    """Write into `output` (new or empty) atomically: a temp dir beside it, renamed when complete."""
+
+def export_run(run_dir: Path, output: Path, merge: bool = False, user: str | None = None, fmt: str = "hf",
+               outtype: str | None = None) -> Path:
+    """Write `output` atomically (a new or empty dir; for GGUF a new file), filled beside it and renamed."""
     if not (run_dir / "config.yaml").is_file():
         raise BadInput(f"{run_dir}: not a run directory (no config.yaml)")
     adapter = run_dir / "adapters" / user if user else run_dir / "adapter"
     if not (adapter / "adapter_config.json").is_file():
         hint = " (a per-user run: pass --user ID)" if (run_dir / "adapters").is_dir() and not user else ""
         raise BadInput(f"{adapter}: no adapter to export{hint}; finish the run first")
+    _check_format(fmt, outtype, merge)
+    recipe = load_recipe(run_dir / "config.yaml")
+    if fmt == "gguf":
+        if output.exists():
+            raise BadInput(f"--output: {output} exists; name a new .gguf file")
+        _check_gguf_architecture(recipe)
+        atomic.write_file(output, lambda tmp: _merged_gguf(recipe, adapter, tmp, outtype or "f16"))
+        return output
     if output.exists() and (not output.is_dir() or any(output.iterdir())):
         raise BadInput(f"--output: {output} exists and is not empty; choose a new directory")
-    output.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=output.parent, prefix=f".{output.name}."))
-    try:
-        if merge:
-            _merged(load_recipe(run_dir / "config.yaml"), adapter, tmp)
-        else:
-            shutil.copytree(adapter, tmp, dirs_exist_ok=True)
-        if output.exists():
-            output.rmdir()
-        tmp.rename(output)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    if merge:
+        atomic.write_dir(output, lambda tmp: _merged_hf(recipe, adapter, tmp))
+    else:
+        atomic.write_dir(output, lambda tmp: shutil.copytree(adapter, tmp, dirs_exist_ok=True))
     return output
 
 
-def _merged(recipe, adapter: Path, target: Path) -> None:
-    """Merging needs full-precision base weights: the base is loaded unquantized in the recipe's dtype."""
+def _check_format(fmt: str, outtype: str | None, merge: bool) -> None:
+    if fmt not in FORMATS:
+        raise BadInput(f"--format: {fmt!r} is not one of {', '.join(FORMATS)}")
+    if fmt == "gguf" and not merge:
+        raise BadInput("--format gguf writes a merged model: add --merge")
+    if outtype is not None and fmt != "gguf":
+        raise BadInput("--outtype applies to --format gguf only")
+    if outtype is not None and outtype not in gguf_out.OUTTYPES:
+        raise BadInput(f"--outtype: {outtype!r} is not one of {', '.join(gguf_out.OUTTYPES)}")
+
+
+def _check_gguf_architecture(recipe) -> None:
+    """Refuse an unsupported architecture before any weight is loaded."""
+    from .models import check_causal_lm, resolve_base_dir
+
+    base_dir = resolve_base_dir(recipe.model.name, recipe.model.dtype)
+    gguf_out.check_exportable(check_causal_lm(base_dir, recipe.model.trust_remote_code).model_type)
+
+
+def merged_model(recipe, adapter: Path):
+    """(base + adapter merged, base checkpoint dir). Merging needs full-precision base weights: the base is loaded
+    unquantized in the recipe's dtype."""
     from peft import PeftModel
 
-    from .models import load_base, load_tokenizer
+    from .models import load_base
 
     base, _, base_dir = load_base(replace_key(recipe, "quantization", "none"), torch.device("cpu"))
     merged = PeftModel.from_pretrained(base, adapter).merge_and_unload()
     merged.config.use_cache = True
+    return merged, base_dir
+
+
+def _merged_hf(recipe, adapter: Path, target: Path) -> None:
+    from .models import load_tokenizer
+
+    merged, base_dir = merged_model(recipe, adapter)
     merged.save_pretrained(target)
     load_tokenizer(base_dir).save_pretrained(target)
+
+
+def _merged_gguf(recipe, adapter: Path, target: Path, outtype: str) -> None:
+    from .models import gguf_source
+
+    merged, base_dir = merged_model(recipe, adapter)
+    gguf_out.write_gguf(merged, base_dir, target, outtype, gguf_source(recipe.model.name))
