@@ -206,9 +206,11 @@ def export(
 @handled
 def recipes() -> None:
     """List the shipped recipes."""
-    for path in sorted(RECIPES_DIR.glob("*.yaml")):
+    paths = sorted(RECIPES_DIR.glob("*.yaml"))
+    width = max((len(path.stem) for path in paths), default=0)
+    for path in paths:
         first = path.read_text().splitlines()[0] if path.read_text() else ""
-        out.print(f"[bold]{path.stem:<12}[/] {first.lstrip('# ')}  ({path})", highlight=False)
+        out.print(f"[bold]{path.stem:<{width}}[/] {first.lstrip('# ')}  ({path})", highlight=False)
 
 
 if __name__ == "__main__":
