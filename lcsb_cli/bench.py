@@ -7,7 +7,7 @@ import multiprocessing
 import statistics
 from pathlib import Path
 
-from .checkpoint import write_json_atomic, write_text_atomic
+from .atomic import write_json_atomic, write_text_atomic
 from .errors import BadInput
 from .recipe import Recipe, replace_key, to_dict
 

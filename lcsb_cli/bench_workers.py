@@ -32,7 +32,7 @@ def lcsb_worker(conn, recipe_dict: dict) -> None:
             conn.send(_evaluate(loaded.model, loaded.tokenizer, recipe))
             loaded.model.train()
         elif command == "memory":
-            conn.send(breakdown(loaded.model, loaded.runtime_mb, trainer.backend.held_weights()))
+            conn.send(breakdown(loaded.model, loaded.probe, loaded.runtime_mb, trainer.backend.held_weights()))
         else:
             conn.send(None)
             return

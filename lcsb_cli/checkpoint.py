@@ -1,18 +1,17 @@
-"""Atomic checkpoints: a temp dir filled, a manifest of checksums written last, then one rename."""
+"""Atomic checkpoints: a temp dir filled, a manifest of checksums written last, then one rename (atomic.py)."""
 
 from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 import shutil
-import tempfile
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
 
+from .atomic import write_dir, write_json_atomic
 from .errors import BadInput
 
 ADAPTER_FILE = "adapter_model.safetensors"
@@ -34,23 +33,14 @@ def step_of(path: Path) -> int | None:
 
 
 def save_checkpoint(run_dir: Path, step: int, adapter: dict[str, torch.Tensor], state: dict, keep: int) -> Path:
-    root = run_dir / "checkpoints"
-    root.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=root, prefix=f".tmp-step-{step}-"))
-    try:
+    def fill(tmp: Path) -> None:
         save_file({k: v.detach().contiguous().cpu() for k, v in adapter.items()}, tmp / ADAPTER_FILE)
         torch.save(state, tmp / STATE_FILE)
         files = {name: _sha256(tmp / name) for name in (ADAPTER_FILE, STATE_FILE)}
         write_json_atomic(tmp / MANIFEST, {"step": step, "files": files})
-        _fsync_dir(tmp)
-        final = root / f"step-{step}"
-        if final.exists():
-            shutil.rmtree(final)
-        os.rename(tmp, final)
-        _fsync_dir(root)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+
+    final = run_dir / "checkpoints" / f"step-{step}"
+    write_dir(final, fill, replace=True)
     for old in checkpoint_dirs(run_dir)[keep:]:
         shutil.rmtree(old, ignore_errors=True)
     return final
@@ -81,30 +71,9 @@ def load_checkpoint(path: Path) -> tuple[dict[str, torch.Tensor], dict]:
     return load_file(path / ADAPTER_FILE), state
 
 
-def write_json_atomic(path: Path, data) -> None:
-    write_text_atomic(path, json.dumps(data, indent=2) + "\n")
-
-
-def write_text_atomic(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
 def _sha256(path: Path) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             digest.update(chunk)
     return digest.hexdigest()
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

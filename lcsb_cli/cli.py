@@ -98,7 +98,8 @@ def train(
     nproc: Annotated[int, typer.Option("--nproc", min=1, help="Data-parallel processes (launched with torchrun; gloo on CPU, nccl on CUDA).")] = 1,
 ) -> None:
     """Fine-tune with LoRA as the recipe says; writes config.yaml, metrics.jsonl, checkpoints/, adapter/, summary.json."""
-    from .engine import train as run_training
+    from .engine import train as train_one
+    from .per_user import train_per_user
     from .report import RichReporter
 
     loaded = load_recipe(recipe_path(recipe), overrides or [])
@@ -106,7 +107,8 @@ def train(
         loaded.output_dir = str(output)
     if nproc > 1 and "WORLD_SIZE" not in os.environ:
         sys.exit(_launch(loaded, recipe, overrides or [], nproc, resume, force))
-    run_training(loaded, Path(loaded.output_dir), RichReporter(err), resume=resume, force=force)
+    run = train_per_user if loaded.data.user == "all" else train_one
+    run(loaded, Path(loaded.output_dir), RichReporter(err), resume=resume, force=force)
 
 
 def _launch(loaded, recipe: str, overrides: list[str], nproc: int, resume: bool, force: bool) -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -14,19 +15,20 @@ import torch
 from transformers import get_scheduler
 
 from . import rundir
-from .backends import get_backend
-from .checkpoint import write_json_atomic
+from .atomic import write_json_atomic
+from .backends import Backend, get_backend
 from .data import build_train_batches, eval_questions, train_questions
-from .distributed import SINGLE, World, check_parallel_method, init_world
+from .data.batching import BatchStream
+from .distributed import SINGLE, World
 from .divergence import DivergenceGuard, GoodState, all_finite, scale_lr
 from .errors import BadInput, Diverged
 from .evaluate import evaluate_questions
 from .losses import causal_lm_loss
 from .memory import breakdown, make_optimizer
-from .methods import build_method
+from .methods import Method, build_method
 from .models import load_model, lora_parameters
-from .overnight import Job, write_report
-from .recipe import Recipe, check_layer_counts
+from .overnight import Job, owned_job, write_report
+from .recipe import DivergenceConfig, Recipe, check_layer_counts
 from .resume import resume_state, save_adapter, save_state
 from .summary import summarize
 
@@ -62,13 +64,13 @@ class Trainer:
     params: list[torch.nn.Parameter]
     optimizer: torch.optim.Optimizer
     lr_scheduler: torch.optim.lr_scheduler.LRScheduler
-    method: object
-    batches: object  # .batch(index) -> dict of tensors; a pure function of index
-    backend: object
+    method: Method
+    batches: BatchStream  # .batch(index) -> dict of tensors; a pure function of index
+    backend: Backend
     grad_accum: int
     max_grad_norm: float
     autocast: str
-    divergence: object  # recipe.divergence: action, spike_factor, patience, lr_backoff
+    divergence: DivergenceConfig  # action, spike_factor, patience, lr_backoff
     loss_fn: Callable = causal_lm_loss
     world: World = SINGLE  # data parallel: the loss and the active block's gradients are summed over ranks
 
@@ -180,25 +182,20 @@ def train(recipe: Recipe, run_dir: Path, reporter: Reporter, resume: bool = Fals
     """Check the run dir, wait for the overnight window, set up, restore a checkpoint if resuming, claim the run
     dir, then run the steps until done or stopped (SIGTERM/SIGINT, window end, time limit: checkpointed, exit 0).
 
+    One adapter: `data.user` is null or one user (`per_user` runs `all`, passing its `job`).
     Nothing in `run_dir` changes until every check and the whole set-up have passed.
     """
+    if recipe.data.user == "all":
+        raise ValueError("engine.train trains one adapter; per_user.train_per_user runs data.user: all")
     run_dir = Path(run_dir)
     if job is None:
-        world = init_world(recipe.backend)
-        if world.size > 1:
-            check_parallel_method(recipe.method)
-        job = Job(recipe.overnight, run_dir, writes=world.is_main)
-        with job.signals:
+        with owned_job(recipe, run_dir) as (job, world):
             return _train(recipe, run_dir, reporter if world.is_main else SilentReporter(), resume, force,
                           adapter_dir, job, world, owner=True)
     return _train(recipe, run_dir, reporter, resume, force, adapter_dir, job, SINGLE, owner=False)
 
 
 def _train(recipe, run_dir, reporter, resume, force, adapter_dir, job, world, owner) -> dict:
-    if recipe.data.user == "all":
-        from .per_user import train_per_user
-
-        return train_per_user(recipe, run_dir, reporter, resume, force, job, world)
     if resume:
         rundir.check_resume(run_dir, recipe)
     else:
@@ -241,7 +238,8 @@ def build_trainer(recipe: Recipe, world: World = SINGLE):
     method = build_method(recipe, loaded.model, loaded.layers, optimizer)
     trainer = Trainer(
         loaded.model, params, optimizer, lr_scheduler, method, batches, backend, recipe.train.grad_accum,
-        recipe.train.max_grad_norm, recipe.train.autocast, recipe.divergence, world=world,
+        recipe.train.max_grad_norm, recipe.train.autocast, recipe.divergence,
+        functools.partial(causal_lm_loss, probe=loaded.probe), world,
     )
     return trainer, loaded, held_out
 
@@ -316,7 +314,7 @@ def _finish(recipe, run_dir, trainer, loaded, held_out, adapter_dir, job, wall, 
     save_adapter(loaded.model, adapter_dir)
     summary = summarize(rundir.read_metrics(run_dir / "metrics.jsonl"), trainer.method, wall)
     summary["diverged"] = diverged is not None
-    summary["memory"] = breakdown(loaded.model, loaded.runtime_mb, trainer.backend.held_weights())
+    summary["memory"] = breakdown(loaded.model, loaded.probe, loaded.runtime_mb, trainer.backend.held_weights())
     if trainer.world.size > 1:
         summary["world_size"] = trainer.world.size
     if stopped:

@@ -143,7 +143,7 @@ def summary_row(metrics: dict) -> dict:
 
 
 def write_results(output: Path, result: dict, predictions: dict) -> None:
-    from .checkpoint import write_json_atomic
+    from .atomic import write_json_atomic
 
     output.mkdir(parents=True, exist_ok=True)
     write_json_atomic(output / "eval.json", result)

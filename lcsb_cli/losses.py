@@ -12,19 +12,19 @@ from torch import nn
 CHUNK_BYTES = 16 * 2**20  # the most one vocabulary slice may hold: its fp32 logits or its head rows
 
 
-def causal_lm_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+def causal_lm_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor], probe=None) -> torch.Tensor:
     """Cross-entropy summed over the target tokens (labels != -100); the caller normalises per step.
 
     The LM head runs only on the positions that predict a target: a LaMP prompt is long and its answer a few
     tokens, so full [batch x length x vocab] logits would be nearly all waste, forward and backward. Models that
-    transform their logits (Gemma-2's soft-capping) take the plain full-logits path.
+    transform their logits (Gemma-2's soft-capping) take the plain full-logits path. `probe` (a
+    memory.MemoryProbe) measures the decoder's saved activations and the head's working set.
     """
     causal_lm = model.get_base_model() if hasattr(model, "get_base_model") else model
     targets = batch["labels"][:, 1:]
     if getattr(causal_lm.config, "final_logit_softcapping", None):
         logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits[:, :-1]
         return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-100, reduction="sum")
-    probe = getattr(causal_lm, "memory_probe", None)  # models.load_model's MemoryProbe, for summary.json
     with probe.decoder() if probe else contextlib.nullcontext():
         hidden = causal_lm.get_decoder()(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
     mask = targets != -100

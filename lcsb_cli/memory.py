@@ -148,15 +148,14 @@ def in_host_memory(tensor: torch.Tensor) -> bool:
     return not tensor.is_meta and tensor.device.type == "cpu"
 
 
-def breakdown(model: nn.Module, runtime_mb: float, held_weights: Iterable[torch.Tensor] = ()) -> dict:
+def breakdown(model: nn.Module, probe: MemoryProbe, runtime_mb: float, held_weights: Iterable[torch.Tensor] = ()) -> dict:
     """The whole process's peak RSS (the OS's ru_maxrss) beside what it is made of: the runtime (RSS when the model
     began loading: `LoadedModel.runtime_mb`), frozen weights (the model's, plus `held_weights`: a backend's own
     copies such as npu-sim's resident tiles), LoRA + optimizer (every live tensor now that is not a frozen weight:
     LoRA weights, optimizer state and any copies, plus the largest step's gradients), and the activations and
-    logits of `model`'s MemoryProbe. Only host memory counts: on CUDA the parts describe the host process alone.
+    logits of the run's `probe`. Only host memory counts: on CUDA the parts describe the host process alone.
     `other_mb` is the rest: allocator slack, transient dequantized weights and recomputation, data, and libraries
     imported after loading."""
-    probe = model.get_base_model().memory_probe if hasattr(model, "get_base_model") else model.memory_probe
     frozen = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
               for t in [*frozen_tensors(model), *held_weights] if in_host_memory(t)}
     live = {}

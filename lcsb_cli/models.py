@@ -35,6 +35,7 @@ class LoadedModel:
     layers: nn.ModuleList  # the decoder layers, in order
     base_dir: Path  # the checkpoint the base weights came from (a streamed random-init preset: its tokenizer)
     runtime_mb: float = 0.0  # resident set size when loading began: interpreter + imported libraries
+    probe: memory.MemoryProbe | None = None  # what the loss and the memory breakdown measure
 
 
 def preset_names() -> list[str]:
@@ -253,8 +254,8 @@ def load_model(recipe: Recipe, device: torch.device, adapter: Path | None = None
         with memory.seeded(recipe.train.seed):
             peft_model = get_peft_model(model, lora)
     peft_model.active_peft_config.base_model_name_or_path = portable_name(recipe.model.name)
-    model.memory_probe = memory.MemoryProbe(peft_model)
-    return LoadedModel(peft_model, load_tokenizer(base_dir), decoder_layers(peft_model, config), base_dir, runtime_mb)
+    return LoadedModel(peft_model, load_tokenizer(base_dir), decoder_layers(peft_model, config), base_dir, runtime_mb,
+                       memory.MemoryProbe(peft_model))
 
 
 def load_tokenizer(path: Path):

@@ -7,57 +7,18 @@ report needs across interruptions: interruptions, resumes, time throttled and wa
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
-import glob
 import json
 import signal
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
-from .checkpoint import write_json_atomic
-from .errors import BadInput
+from .atomic import write_json_atomic
+from .distributed import check_parallel_method, init_world
+from .window import parse_window
 
 COOL_MARGIN_C = 2.0  # a paused job resumes this far below overnight.max_temp_c
-POLL_S = 5.0  # real sensors: seconds between readings while paused
-SIM_POLL_S = 10.0  # npu-sim: simulated seconds of idle cooling per reading
-THERMAL_ZONES = "/sys/class/thermal/thermal_zone*/temp"  # millidegrees C
-
-
-@dataclass(frozen=True)
-class Window:
-    start: dt.time
-    end: dt.time
-
-    def contains(self, now: dt.datetime) -> bool:
-        t = now.time()
-        if self.start < self.end:
-            return self.start <= t < self.end
-        return t >= self.start or t < self.end  # across midnight
-
-    def seconds_until_start(self, now: dt.datetime) -> float:
-        return 0.0 if self.contains(now) else _seconds_until(now, self.start)
-
-    def seconds_until_end(self, now: dt.datetime) -> float:
-        return _seconds_until(now, self.end) if self.contains(now) else 0.0
-
-
-def _seconds_until(now: dt.datetime, at: dt.time) -> float:
-    target = now.replace(hour=at.hour, minute=at.minute, second=0, microsecond=0)
-    if target <= now:
-        target += dt.timedelta(days=1)
-    return (target - now).total_seconds()
-
-
-def parse_window(text: str) -> Window:
-    """"HH:MM-HH:MM" (the end may be earlier than the start: the window crosses midnight)."""
-    try:
-        start, end = (dt.time.fromisoformat(part.strip()) for part in text.split("-"))
-    except ValueError:
-        raise BadInput(f"overnight.window: {text!r} is not HH:MM-HH:MM, e.g. \"01:00-06:00\"") from None
-    if start == end:
-        raise BadInput(f"overnight.window: {text!r} starts and ends at the same time; leave it unset for no window")
-    return Window(start, end)
 
 
 class GracefulStop:
@@ -78,26 +39,6 @@ class GracefulStop:
     def __exit__(self, *exc) -> None:
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
-
-
-def read_temperature(backend) -> float | None:
-    """npu-sim: the simulated phone; cuda: the GPU's own sensor; else the hottest Linux thermal zone, if any."""
-    if hasattr(backend, "device_model"):
-        return backend.device_model.temp_c
-    if backend.name == "cuda":
-        import torch
-
-        try:
-            return float(torch.cuda.temperature(backend.device))
-        except Exception:  # no NVML / no sensor: fall through to the host's zones
-            pass
-    readings = []
-    for path in glob.glob(THERMAL_ZONES):
-        try:
-            readings.append(int(Path(path).read_text()) / 1000)
-        except (OSError, ValueError):
-            continue
-    return max(readings) if readings else None
 
 
 class Job:
@@ -143,20 +84,16 @@ class Job:
     def cool_down(self, backend) -> dict | None:
         """Pause while the device is above overnight.max_temp_c: {"temp_c", "paused_s"}, or None if cool enough."""
         limit = self.config.max_temp_c
-        temp = start = read_temperature(backend) if limit else None
+        temp = start = backend.temperature() if limit else None
         if temp is None or temp <= limit:
             return None
         paused = 0.0
         while temp is not None and temp > limit - COOL_MARGIN_C and not self.signals.requested:
-            if hasattr(backend, "device_model"):  # simulated cool-down: idle power, no real sleep
-                backend.device_model.advance(SIM_POLL_S, backend.profile.idle_power_w)
-                paused += SIM_POLL_S
-            else:
-                self.sleep(POLL_S)
-                paused += POLL_S
-            previous, temp = temp, read_temperature(backend)
-            if hasattr(backend, "device_model") and temp > previous - 1e-3:
-                break  # idle is as cool as this profile gets
+            cooling = backend.idle(backend.idle_poll_s, self.sleep)
+            paused += backend.idle_poll_s
+            temp = backend.temperature()
+            if not cooling:
+                break
         self.state["throttled_s"] += paused
         return {"temp_c": start, "paused_s": paused}
 
@@ -164,11 +101,23 @@ class Job:
         self.state["interruptions"].append({"step": step, "reason": reason, "at": self.now().isoformat(timespec="seconds")})
 
 
+@contextlib.contextmanager
+def owned_job(recipe, run_dir: Path):
+    """This process's world (torchrun's, or a single process) and its job for one run, with the job's signal
+    handlers installed while the run is active."""
+    world = init_world(recipe.backend)
+    if world.size > 1:
+        check_parallel_method(recipe.method)
+    job = Job(recipe.overnight, run_dir, writes=world.is_main)
+    with job.signals:
+        yield job, world
+
+
 def write_report(run_dir: Path, recipe, state: dict, summary: dict, eval_after: dict | None,
                  adapter_dir: Path) -> dict:
     """The morning report: report.json and the same as report.md (`eval_after` is None after a signal: the job
     exits at once and the run's next finish evaluates)."""
-    from .checkpoint import write_text_atomic
+    from .atomic import write_text_atomic
     from .data import personal_data
 
     skipped = personal_data(recipe).skipped if recipe.data.format == "jsonl" else []

@@ -6,24 +6,28 @@ import json
 from pathlib import Path
 
 from . import rundir
-from .checkpoint import write_json_atomic
+from .atomic import write_json_atomic
 from .data import users
-from .distributed import SINGLE, World
+from .distributed import World
+from .engine import SilentReporter, train
 from .errors import Diverged
-from .overnight import Job
+from .overnight import Job, owned_job
 from .recipe import Recipe, replace_key
 from .summary import aggregate
 
 
-def train_per_user(recipe: Recipe, run_dir: Path, reporter, resume: bool, force: bool, job: Job,
-                   world: World = SINGLE) -> dict:
+def train_per_user(recipe: Recipe, run_dir: Path, reporter, resume: bool = False, force: bool = False) -> dict:
     """One adapter per user (`data.user: all`): users/ID/ holds each user's run, adapters/ID/ its adapter.
     With several ranks, rank r trains users r, r+N, ... on its own; rank 0 then sums up.
 
     On --resume, finished users are kept, the interrupted one resumes from its checkpoint, the rest start.
     """
-    from .engine import train
+    run_dir = Path(run_dir)
+    with owned_job(recipe, run_dir) as (job, world):
+        return _fan_out(recipe, run_dir, reporter if world.is_main else SilentReporter(), resume, force, job, world)
 
+
+def _fan_out(recipe: Recipe, run_dir: Path, reporter, resume: bool, force: bool, job: Job, world: World) -> dict:
     if resume:
         rundir.check_resume(run_dir, recipe)
     else:

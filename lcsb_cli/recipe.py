@@ -13,6 +13,7 @@ from pathlib import Path
 import yaml
 
 from .errors import BadInput
+from .window import parse_window
 
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
@@ -265,8 +266,6 @@ def validate(recipe: Recipe) -> None:
     if recipe.overnight.report and recipe.data.user == "all":
         raise BadInput("overnight.report: per-user runs are reported by `lcsb eval RUN_DIR`; set it false")
     if recipe.overnight.window is not None:
-        from .overnight import parse_window
-
         parse_window(recipe.overnight.window)
     if recipe.data.format == "lamp2" and recipe.data.user is not None and recipe.data.eval is None:
         raise BadInput("data.eval: per-user runs (data.user) need the users' questions file")

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import torch
 from peft import get_peft_model_state_dict, set_peft_model_state_dict
 
+from .atomic import write_dir
 from .checkpoint import CorruptCheckpoint, checkpoint_dirs, load_checkpoint, save_checkpoint, step_of
 from .errors import BadInput
 
@@ -55,13 +55,5 @@ def restore(adapter: dict, state: dict, trainer) -> None:
 
 def save_adapter(model, target: Path) -> None:
     """PEFT format (adapter_config.json + adapter_model.safetensors), replaced atomically."""
-    tmp = target.with_name(f".{target.name}.tmp")
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    model.save_pretrained(tmp, save_embedding_layers=False)  # LoRA never targets embeddings; no Hub look-up
-    old = target.with_name(f".{target.name}.old")
-    if target.exists():
-        target.rename(old)
-    tmp.rename(target)
-    if old.exists():
-        shutil.rmtree(old)
+    write_dir(target, lambda tmp: model.save_pretrained(tmp, save_embedding_layers=False), replace=True)  # LoRA never
+    # targets embeddings, so peft need not look the base up (on the Hub) to decide whether to save them

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import yaml
 
-from .checkpoint import checkpoint_dirs, write_text_atomic
+from .atomic import write_text_atomic
+from .checkpoint import checkpoint_dirs
 from .errors import BadInput
 from .recipe import Recipe, dump, recipe_from_dict, to_dict
 

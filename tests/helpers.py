@@ -8,6 +8,7 @@ from pathlib import Path
 from safetensors.torch import load_file
 
 from lcsb_cli.engine import train
+from lcsb_cli.per_user import train_per_user
 from lcsb_cli.recipe import load_recipe
 
 REPO = Path(__file__).resolve().parent.parent
@@ -36,7 +37,8 @@ class Quiet:
 
 def run_train(run_dir: Path, *overrides: str, resume: bool = False, force: bool = False) -> dict:
     recipe = load_recipe(LAMP2, ["train.log_every=1", *overrides])
-    return train(recipe, run_dir, Quiet(), resume=resume, force=force)
+    run = train_per_user if recipe.data.user == "all" else train
+    return run(recipe, run_dir, Quiet(), resume=resume, force=force)
 
 
 def adapter_tensors(run_dir: Path) -> dict:

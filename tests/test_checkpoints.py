@@ -189,7 +189,7 @@ def test_a_crash_while_writing_keeps_the_previous_checkpoint(tmp_path, monkeypat
         save_checkpoint(run, next_step, *small(next_step), keep=3)
     monkeypatch.undo()
 
-    assert calls and calls[0].parent.name.startswith(f".tmp-step-{next_step}-")  # it crashed inside the temp dir
+    assert calls and calls[0].parent.name.startswith(f".step-{next_step}-")  # it crashed inside the temp dir
     assert names(run) == ["step-1"]  # no .tmp-* left behind, no half step-2
     assert snapshot(run) == before
     assert checkpoint_dirs(run) == [run / "checkpoints" / "step-1"]

@@ -169,13 +169,13 @@ def test_probe_sees_checkpointing_shrink_the_active_blocks_saved_activations():
     recipe = load_recipe(LAMP2, [])
     loaded = load_model(recipe, torch.device("cpu"))
     batch = build_train_batches(recipe, loaded.tokenizer).batch(0)
-    probe, saved = loaded.model.get_base_model().memory_probe, {}
+    probe, saved = loaded.probe, {}
     loaded.model.train()
     for checkpointing in (True, False):
         selective = SelectiveLayers(loaded.layers, partition(4, 2), "identity", checkpointing)
         selective.activate(0)
         probe.activations = 0
-        causal_lm_loss(loaded.model, batch).backward()
+        causal_lm_loss(loaded.model, batch, probe).backward()
         saved[checkpointing] = probe.activations
         selective.remove()
     assert probe.grads > 0 and probe.logits > 0
@@ -247,8 +247,8 @@ def test_breakdown_puts_the_os_peak_beside_its_parts():
     recipe = load_recipe(LAMP2, [*STREAMED, "memory.embedding=nf4", "model.dtype=bfloat16"])
     loaded = load_model(recipe, torch.device("cpu"))
     loaded.model.train()
-    causal_lm_loss(loaded.model, build_train_batches(recipe, loaded.tokenizer).batch(0)).backward()
-    figures = memory.breakdown(loaded.model, loaded.runtime_mb)
+    causal_lm_loss(loaded.model, build_train_batches(recipe, loaded.tokenizer).batch(0), loaded.probe).backward()
+    figures = memory.breakdown(loaded.model, loaded.probe, loaded.runtime_mb)
     parts = ["runtime_mb", "weights_mb", "lora_optimizer_mb", "activations_mb", "logits_mb", "other_mb"]
     assert set(figures) == {"peak_rss_mb", *parts}
     assert figures["peak_rss_mb"] == pytest.approx(memory.peak_rss_mb(), abs=1)

@@ -147,7 +147,7 @@ def test_no_fp32_weight_copy_and_resident_bytes_fixed_while_training(tmp_path):
     from lcsb_cli.memory import breakdown, frozen_tensors
 
     on_cpu = sum(t.nbytes for t in frozen_tensors(loaded.model) if not t.is_meta)
-    figures = breakdown(loaded.model, 0.0, trainer.backend.held_weights())
+    figures = breakdown(loaded.model, loaded.probe, 0.0, trainer.backend.held_weights())
     assert figures["weights_mb"] == pytest.approx((on_cpu + before) / 2**20, abs=0.05)
 
 

@@ -12,11 +12,12 @@ from pathlib import Path
 import pytest
 from helpers import Quiet, adapter_tensors, assert_same_tensors
 
-from lcsb_cli import overnight
+from lcsb_cli.backends import base
 from lcsb_cli.backends import CpuBackend
 from lcsb_cli.engine import train
 from lcsb_cli.errors import BadInput
-from lcsb_cli.overnight import Job, parse_window, read_temperature
+from lcsb_cli.overnight import Job
+from lcsb_cli.window import parse_window
 from lcsb_cli.recipe import OvernightConfig, load_recipe
 
 REPO = Path(__file__).resolve().parent.parent
@@ -81,19 +82,20 @@ def test_real_temperature_comes_from_the_hottest_thermal_zone(tmp_path, monkeypa
     for zone, millidegrees in (("thermal_zone0", "41000\n"), ("thermal_zone1", "47500\n")):
         (tmp_path / zone).mkdir()
         (tmp_path / zone / "temp").write_text(millidegrees)
-    monkeypatch.setattr(overnight, "THERMAL_ZONES", str(tmp_path / "thermal_zone*" / "temp"))
-    assert read_temperature(CpuBackend()) == 47.5
-    monkeypatch.setattr(overnight, "THERMAL_ZONES", str(tmp_path / "none*" / "temp"))
-    assert read_temperature(CpuBackend()) is None
+    monkeypatch.setattr(base, "THERMAL_ZONES", str(tmp_path / "thermal_zone*" / "temp"))
+    assert CpuBackend().temperature() == 47.5
+    monkeypatch.setattr(base, "THERMAL_ZONES", str(tmp_path / "none*" / "temp"))
+    assert CpuBackend().temperature() is None
 
 
 def test_a_hot_cpu_pauses_until_it_cools(tmp_path, monkeypatch):
     readings = iter([50.0, 45.0, 41.0, 39.5])
-    monkeypatch.setattr(overnight, "read_temperature", lambda backend: next(readings))
+    monkeypatch.setattr(CpuBackend, "temperature", lambda self: next(readings))
     naps = []
     job = Job(OvernightConfig(max_temp_c=42), tmp_path, sleep=naps.append)
-    assert job.cool_down(CpuBackend()) == {"temp_c": 50.0, "paused_s": 3 * overnight.POLL_S}  # to 2 C under
-    assert job.state["throttled_s"] == 3 * overnight.POLL_S and len(naps) == 3
+    poll = CpuBackend.idle_poll_s
+    assert job.cool_down(CpuBackend()) == {"temp_c": 50.0, "paused_s": 3 * poll}  # to 2 C under
+    assert job.state["throttled_s"] == 3 * poll and naps == [poll] * 3
 
 
 class SignalAt(Quiet):

@@ -1,7 +1,8 @@
-"""Where the training step runs: device placement, autocast, the memory probe, and the simulated NPU."""
+"""Where the training step runs: device placement, autocast, temperature and idling, and the simulated NPU."""
 
 from __future__ import annotations
 
+from .base import Backend
 from .cpu import CpuBackend
 from .cuda import CudaBackend
 
@@ -17,4 +18,4 @@ def get_backend(recipe):
     return CpuBackend()
 
 
-__all__ = ["CpuBackend", "CudaBackend", "get_backend"]
+__all__ = ["Backend", "CpuBackend", "CudaBackend", "get_backend"]

@@ -1,12 +1,18 @@
-"""What every backend offers the engine; the hooks for simulated devices are no-ops here."""
+"""What every backend offers the engine and job control; the hooks for simulated devices are no-ops here."""
 
 from __future__ import annotations
 
 import contextlib
+import glob
+import time
+from pathlib import Path
+
+THERMAL_ZONES = "/sys/class/thermal/thermal_zone*/temp"  # millidegrees C
 
 
 class Backend:
     name = "base"
+    idle_poll_s = 5.0  # job control's seconds between temperature readings while a hot device pauses
 
     def autocast(self, mode: str):
         return contextlib.nullcontext()
@@ -33,3 +39,18 @@ class Backend:
 
     def load_state_dict(self, state: dict) -> None:
         pass
+
+    def temperature(self) -> float | None:
+        """The device's temperature in °C: here the hottest Linux thermal zone, or None without a sensor."""
+        readings = []
+        for path in glob.glob(THERMAL_ZONES):
+            try:
+                readings.append(int(Path(path).read_text()) / 1000)
+            except (OSError, ValueError):
+                continue
+        return max(readings) if readings else None
+
+    def idle(self, seconds: float, sleep=time.sleep) -> bool:
+        """Let the device cool for `seconds`; False when idling cannot cool it any further."""
+        sleep(seconds)
+        return True

@@ -23,3 +23,10 @@ class CudaBackend(Backend):
 
     def synchronize(self) -> None:
         torch.cuda.synchronize(self.device)
+
+    def temperature(self) -> float | None:
+        """The GPU's own sensor (through NVML), else the host's thermal zones."""
+        try:
+            return float(torch.cuda.temperature(self.device))
+        except Exception:  # no NVML / no sensor
+            return super().temperature()

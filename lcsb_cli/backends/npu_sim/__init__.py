@@ -19,6 +19,7 @@ from .linear import install
 
 class NpuSimBackend(CpuBackend):
     name = "npu-sim"
+    idle_poll_s = 10.0  # simulated seconds of idle cooling per reading
 
     def __init__(self, config):
         self.config = config
@@ -28,6 +29,15 @@ class NpuSimBackend(CpuBackend):
         self.trainable = 0
         self.fp32_layers: list[str] = []
         self._step = 0
+
+    def temperature(self) -> float:
+        return self.device_model.temp_c
+
+    def idle(self, seconds: float, sleep=None) -> bool:
+        """Simulated cooling at the profile's idle power; no real time passes."""
+        before = self.device_model.temp_c
+        self.device_model.advance(seconds, self.profile.idle_power_w)
+        return self.device_model.temp_c < before - 1e-3  # else idle is as cool as this profile gets
 
     def prepare(self, loaded) -> None:
         install(loaded.layers, self.executor, self.device_model)
