@@ -18,18 +18,20 @@ BASELINE = "full-backprop"
 def method_names(recipe: Recipe, compare: list[str]) -> list[str]:
     own = f"lcsb:{recipe.lcsb.blocks}" if recipe.method == "lcsb" else recipe.method
     for name in compare:
-        if name not in FIXED and not _is_lcsb(name):
+        if name not in FIXED and lcsb_blocks(name) is None:
             raise BadInput(f"--compare: unknown method {name!r}; choose from {', '.join(FIXED)}, lcsb:K")
     return list(dict.fromkeys([own, *compare]))
 
 
-def _is_lcsb(name: str) -> bool:
-    return name.startswith("lcsb:") and name[5:].isdigit() and int(name[5:]) >= 1
+def lcsb_blocks(name: str) -> int | None:
+    """K of a method named `lcsb:K` (K >= 1), or None for any other name."""
+    kind, _, blocks = name.partition(":")
+    return int(blocks) if kind == "lcsb" and blocks.isdigit() and int(blocks) >= 1 else None
 
 
 def method_recipe(recipe: Recipe, name: str) -> Recipe:
-    if _is_lcsb(name):
-        return replace_key(replace_key(recipe, "method", "lcsb"), "lcsb.blocks", int(name[5:]))
+    if (blocks := lcsb_blocks(name)) is not None:
+        return replace_key(replace_key(recipe, "method", "lcsb"), "lcsb.blocks", blocks)
     if name.startswith("full-backprop"):
         full = replace_key(recipe, "method", "full-backprop")
         return replace_key(full, "activation_checkpointing", name == "full-backprop+ckpt")
@@ -129,8 +131,8 @@ def summarize_bench(names: list[str], timed: dict[str, list[dict]], all_rows: di
         }
         if "sim_step_time_s" in rows[0]:
             entry.update(_simulated(rows, timed[baseline]))
-        if _is_lcsb(name) and "forward_s" in result:
-            f, b, k = result["forward_s"], result["backward_s"], int(name[5:])
+        if (k := lcsb_blocks(name)) is not None and "forward_s" in result:
+            f, b = result["forward_s"], result["backward_s"]
             entry["ceiling"] = (f + b) / (f + b / k)
             entry["efficiency"] = entry["speedup"] / entry["ceiling"]
         result["methods"].append(entry)

@@ -46,8 +46,8 @@ def converted_checkpoint(path: Path, dtype: torch.dtype, cache: Path) -> Path:
     metadata = {**read_metadata(path), "sha256": digest}
     cache.mkdir(parents=True, exist_ok=True)
     with FileLock(str(cache / LOCK)):
-        if not (target / PROVENANCE).is_file():
-            atomic.write_dir(target, lambda tmp: _convert(path, tmp, dtype, metadata))
+        if not (target / PROVENANCE).is_file():  # absent, or an entry without its provenance: never used
+            atomic.write_dir(target, lambda tmp: _convert(path, tmp, dtype, metadata), replace=True)
     return target
 
 

@@ -101,6 +101,20 @@ def test_a_gguf_file_is_a_model_name(exported, tmp_path):
         assert torch.equal(a, b), name
 
 
+def test_an_entry_without_provenance_is_converted_again(exported, tmp_path):
+    """A cache entry that lacks its provenance (written last) is not trusted: it is replaced by a conversion."""
+    cache = tmp_path / "gguf"
+    entry = gguf_in.converted_checkpoint(exported["f16"], torch.float32, cache)
+    (entry / gguf_in.PROVENANCE).unlink()
+    (entry / "model.safetensors").write_bytes(b"half a file")
+    assert gguf_in.converted_checkpoint(exported["f16"], torch.float32, cache) == entry
+    assert gguf_in.provenance(entry)["sha256"] == gguf_in.file_sha256(exported["f16"])
+    from transformers import AutoModelForCausalLM
+
+    AutoModelForCausalLM.from_pretrained(entry)  # whole again
+    assert sorted(p.name for p in cache.iterdir()) == sorted([entry.name, gguf_in.LOCK])
+
+
 def test_preset_adapters_name_the_preset(exported):
     adapter = json.loads((exported["run"] / "adapter" / "adapter_config.json").read_text())
     assert adapter["base_model_name_or_path"] == "tiny-qwen2"
