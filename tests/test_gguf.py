@@ -16,7 +16,9 @@ from gguf_readers import LlamaCpp, hf_greedy, hf_logits, transformers_model, tra
 from helpers import LAMP2, lcsb, run_train
 from lcsb_cli import gguf_in, gguf_out, models
 from lcsb_cli.errors import BadInput
+from lcsb_cli.evaluate import run_eval
 from lcsb_cli.export import export_run
+from lcsb_cli.recipe import load_recipe
 
 pytestmark = pytest.mark.xdist_group("gguf")  # the module's exports are made once, in one worker
 PROMPTS = ["Which tag does this movie relate to? tags: [comedy, sci-fi] description: a robot learns to love.",
@@ -93,6 +95,8 @@ def test_a_gguf_file_is_a_model_name(exported, tmp_path):
     assert source["sha256"] == gguf_in.file_sha256(gguf_file) and source["tensor_types"]["F16"] > 0
     adapter = json.loads((tmp_path / "a" / "adapter" / "adapter_config.json").read_text())
     assert adapter["base_model_name_or_path"] == gguf_file.name
+    result = run_eval(load_recipe(tmp_path / "a" / "config.yaml"), tmp_path / "a", None, tmp_path / "a")
+    assert 0 <= result["accuracy"] <= 1 and (tmp_path / "a" / "predictions.json").is_file()  # the base found again
     converted = transformers_model(exported["f16"])  # transformers' own reading of the file
     from transformers import AutoModelForCausalLM
 
