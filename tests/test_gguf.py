@@ -119,6 +119,16 @@ def test_an_entry_without_provenance_is_converted_again(exported, tmp_path):
     assert sorted(p.name for p in cache.iterdir()) == sorted([entry.name, gguf_in.LOCK])
 
 
+@pytest.mark.parametrize("overrides", [
+    ["quantization=nf4", "memory.streamed_load=true"], ["quantization=int8"], ["backend=npu-sim"],
+    ["method=full-backprop", "model.dtype=bfloat16"],
+], ids=["streamed-nf4", "int8", "npu-sim", "bf16-full-backprop"])
+def test_a_gguf_base_takes_every_path(exported, tmp_path, overrides):
+    """Once converted, the GGUF base is an ordinary checkpoint for quantization, the streamed build and npu-sim."""
+    summary = run_train(tmp_path / "run", f"model.name={exported['f16']}", "train.max_steps=2", *overrides)
+    assert summary["steps"] == 2 and not summary["diverged"]
+
+
 def test_preset_adapters_name_the_preset(exported):
     adapter = json.loads((exported["run"] / "adapter" / "adapter_config.json").read_text())
     assert adapter["base_model_name_or_path"] == "tiny-qwen2"
