@@ -188,7 +188,7 @@ MINIMUMS = {
     "memory.kernel_cache": 0,
 }
 PATH_KEYS = ("data.train", "data.train_labels", "data.eval", "data.eval_labels")
-NAME_OR_PATH_KEYS = ("model.name", "npu_sim.device")  # a built-in name, or a path when it holds a "/"
+NAME_OR_PATH_KEYS = ("model.name", "npu_sim.device")  # a built-in name, or a path (a "/" in it, or a .gguf file)
 
 
 def load_recipe(path: str | Path, overrides: typing.Sequence[str] = ()) -> Recipe:
@@ -330,8 +330,12 @@ def _resolve_paths(raw: dict, base: Path) -> None:
     for key in NAME_OR_PATH_KEYS:
         section, name = key.split(".")
         node = raw.get(section)
-        if isinstance(node, dict) and isinstance(node.get(name), str) and "/" in node[name]:
+        if isinstance(node, dict) and _path_like(node.get(name)):
             node[name] = str((base / Path(node[name]).expanduser()).resolve())
+
+
+def _path_like(value) -> bool:
+    return isinstance(value, str) and ("/" in value or value.lower().endswith(".gguf"))
 
 
 def _apply_override(raw: dict, item: str) -> None:
@@ -342,7 +346,7 @@ def _apply_override(raw: dict, item: str) -> None:
         value = yaml.safe_load(text) if text else None
     except yaml.YAMLError:
         value = text
-    if (key in PATH_KEYS and value is not None) or (key in NAME_OR_PATH_KEYS and isinstance(value, str) and "/" in value):
+    if (key in PATH_KEYS and value is not None) or (key in NAME_OR_PATH_KEYS and _path_like(value)):
         # the text as typed unless YAML read a string (a file named 2024 stays "2024"); `data.eval=null` clears
         value = str(Path(value if isinstance(value, str) else text).expanduser().resolve())
     *parents, leaf = key.split(".")

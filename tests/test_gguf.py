@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from gguf_readers import LlamaCpp, hf_greedy, hf_logits, transformers_model, transformers_tokenizer
-from helpers import LAMP2, lcsb, run_train
+from helpers import LAMP2, REPO, lcsb, run_train
 from lcsb_cli import gguf_in, gguf_out, models
 from lcsb_cli.errors import BadInput
 from lcsb_cli.evaluate import run_eval
@@ -127,6 +127,13 @@ def test_a_gguf_base_takes_every_path(exported, tmp_path, overrides):
     """Once converted, the GGUF base is an ordinary checkpoint for quantization, the streamed build and npu-sim."""
     summary = run_train(tmp_path / "run", f"model.name={exported['f16']}", "train.max_steps=2", *overrides)
     assert summary["steps"] == 2 and not summary["diverged"]
+
+
+def test_a_gguf_name_in_a_recipe_is_relative_to_the_recipe(tmp_path, monkeypatch):
+    (tmp_path / "recipe.yaml").write_text(LAMP2.read_text().replace("name: tiny-qwen2", "name: base.gguf", 1))
+    monkeypatch.chdir(REPO)
+    assert load_recipe(tmp_path / "recipe.yaml").model.name == str(tmp_path / "base.gguf")
+    assert load_recipe(LAMP2, ["model.name=base.gguf"]).model.name == str(REPO / "base.gguf")  # overrides: the cwd
 
 
 def test_preset_adapters_name_the_preset(exported):
