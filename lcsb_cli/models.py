@@ -1,4 +1,4 @@
-"""Model + tokenizer (a local HF checkpoint or a built-in preset), quantization and LoRA via peft."""
+"""Model + tokenizer (a local HF checkpoint, a .gguf file or a built-in preset), quantization and LoRA via peft."""
 
 from __future__ import annotations
 

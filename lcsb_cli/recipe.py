@@ -20,7 +20,7 @@ LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", 
 
 @dataclass
 class ModelConfig:
-    name: str = "tiny-qwen2"  # a built-in preset (configs/models/NAME.yaml) or a local HF checkpoint dir
+    name: str = "tiny-qwen2"  # a built-in preset (configs/models/NAME.yaml), a local HF checkpoint dir or a .gguf file
     dtype: str = "float32"  # storage of the frozen weights
     trust_remote_code: bool = False
 
