@@ -24,11 +24,15 @@ def write_dir(target: Path, write: Callable[[Path], None], replace: bool = False
         tmp.chmod(0o755)  # mkdtemp's 0700 would make the result private
         write(tmp)
         _fsync(tmp)
-        if target.is_dir() and (replace or not any(target.iterdir())):
+        swapped = target.is_dir() and (replace or not any(target.iterdir()))
+        if swapped:
             target.rename(old)
         try:
             os.rename(tmp, target)
         except OSError:
+            if swapped:
+                old.rename(target)  # the old target is put back as it was
+                raise
             if target.is_dir():
                 return False
             raise
