@@ -15,7 +15,7 @@ from rich.markup import escape
 
 from .errors import BadInput, LcsbError
 from .recipe import dump, load_recipe
-from .rundir import check_output_dir
+from .run.rundir import check_output_dir
 
 USAGE_ERROR = typer.BadParameter.__bases__[0]  # click's UsageError (typer may bundle its own click)
 
@@ -98,9 +98,9 @@ def train(
     nproc: Annotated[int, typer.Option("--nproc", min=1, help="Data-parallel processes (launched with torchrun; gloo on CPU, nccl on CUDA).")] = 1,
 ) -> None:
     """Fine-tune with LoRA as the recipe says; writes config.yaml, metrics.jsonl, checkpoints/, adapter/, summary.json."""
-    from .engine import train as train_one
-    from .per_user import train_per_user
     from .report import RichReporter
+    from .run.engine import train as train_one
+    from .run.per_user import train_per_user
 
     loaded = load_recipe(recipe_path(recipe), overrides or [])
     if output is not None:
@@ -113,8 +113,8 @@ def train(
 
 def _launch(loaded, recipe: str, overrides: list[str], nproc: int, resume: bool, force: bool) -> int:
     """Check what can be checked here (exit 2 before any worker starts), then rerun this command under torchrun."""
-    from .distributed import check_parallel_method, launch
-    from .rundir import check_fresh, check_resume
+    from .run.distributed import check_parallel_method, launch
+    from .run.rundir import check_fresh, check_resume
 
     run_dir = Path(loaded.output_dir)
     check_resume(run_dir, loaded) if resume else check_fresh(run_dir, force)
@@ -172,7 +172,7 @@ def bench(
     evaluate: Annotated[bool, typer.Option("--eval/--no-eval", help="Evaluate each method on the recipe's eval set afterwards.")] = False,
 ) -> None:
     """Methods side by side on one recipe: interleaved timed steps, one process per method."""
-    from .bench import method_names, run_bench
+    from .bench.compare import method_names, run_bench
     from .report import bench_table
 
     loaded = load_recipe(recipe_path(recipe), overrides or [])
@@ -197,7 +197,7 @@ def export(
     user: Annotated[Optional[str], typer.Option("--user", help="For a per-user run: whose adapter.")] = None,
 ) -> None:
     """Write a run's adapter (PEFT format) or, with --merge, a standalone merged model (HF dir or GGUF file)."""
-    from .export import export_run
+    from .model.export import export_run
 
     written = export_run(run_dir, output, merge, user, fmt, outtype)
     kind = f"merged {fmt.upper()} model" if merge else "adapter"

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from .data.lamp2 import TAGS, LampQuestion, encode_example, retrieve_profile, split_input
-from .models import inference_mode
+from .model.load import inference_mode
 from .recipe import Recipe
 
 
@@ -155,7 +155,7 @@ def run_eval(recipe: Recipe, output: Path, adapter: Path | None = None, run_dir:
     write eval.json and predictions.json into `output`."""
     from .backends import get_backend
     from .data import eval_questions, train_questions, user_profile_questions, users
-    from .models import load_model
+    from .model.load import load_model
 
     backend = get_backend(recipe)
     loaded = load_model(recipe, backend.device, adapter)

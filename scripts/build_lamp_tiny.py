@@ -18,7 +18,7 @@ import yaml
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, get_cosine_schedule_with_warmup
 
 from lcsb_cli.data.synthetic import pretrain_documents
-from lcsb_cli.models import PRESET_DIR, TOKENIZER_DIR
+from lcsb_cli.model.load import PRESET_DIR, TOKENIZER_DIR
 
 SHAPE = PRESET_DIR / "lamp-tiny.yaml"
 

@@ -7,9 +7,9 @@ from pathlib import Path
 
 from safetensors.torch import load_file
 
-from lcsb_cli.engine import train
-from lcsb_cli.per_user import train_per_user
 from lcsb_cli.recipe import load_recipe
+from lcsb_cli.run.engine import train
+from lcsb_cli.run.per_user import train_per_user
 
 REPO = Path(__file__).resolve().parent.parent
 LAMP2 = REPO / "tests" / "tiny.yaml"  # the shipped LaMP-2 recipe on the tiny random-init preset

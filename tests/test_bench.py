@@ -45,7 +45,8 @@ def test_bench_refuses_an_unknown_method_before_starting_anything(tmp_path):
 
 
 def test_bench_on_npu_sim_reports_the_simulated_phone_per_method():
-    from lcsb_cli.bench import bench_markdown, summarize_bench
+    from lcsb_cli.bench.compare import bench_markdown, summarize_bench
+
     from lcsb_cli.recipe import load_recipe
 
     def rows(sim_s, energy):

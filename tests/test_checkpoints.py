@@ -15,13 +15,20 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from helpers import LAMP2, REPO, adapter_tensors, assert_same_tensors, run_train
-from lcsb_cli import checkpoint
-from lcsb_cli.checkpoint import (ADAPTER_FILE, MANIFEST, STATE_FILE, CorruptCheckpoint, checkpoint_dirs,
-                                 load_checkpoint, save_checkpoint)
+
 from lcsb_cli.errors import BadInput
-from lcsb_cli.rundir import read_metrics
+from lcsb_cli.run import checkpoint
+from lcsb_cli.run.checkpoint import (
+    ADAPTER_FILE,
+    MANIFEST,
+    STATE_FILE,
+    CorruptCheckpoint,
+    checkpoint_dirs,
+    load_checkpoint,
+    save_checkpoint,
+)
+from lcsb_cli.run.rundir import read_metrics
 
 R = str(LAMP2.relative_to(REPO))
 

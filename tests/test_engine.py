@@ -5,17 +5,17 @@ import math
 
 import pytest
 import torch
-
 from helpers import LAMP2, adapter_tensors, assert_same_tensors, run_train
+
 from lcsb_cli.backends import CpuBackend
 from lcsb_cli.data import build_train_batches
-from lcsb_cli.engine import Trainer
-from lcsb_cli.losses import causal_lm_loss
-from lcsb_cli.memory import make_optimizer
 from lcsb_cli.methods import build_method
-from lcsb_cli.models import load_model, lora_parameters
+from lcsb_cli.model.load import load_model, lora_parameters
+from lcsb_cli.model.losses import causal_lm_loss
+from lcsb_cli.model.memory import make_optimizer
 from lcsb_cli.recipe import load_recipe
-from lcsb_cli.rundir import read_metrics
+from lcsb_cli.run.engine import Trainer
+from lcsb_cli.run.rundir import read_metrics
 
 
 def make_trainer(*overrides, loss_fn=causal_lm_loss, optimizer_class=torch.optim.AdamW):
@@ -173,8 +173,8 @@ def test_lr_1000_stop_exits_3_naming_the_step_and_rollback_ends_finite(tmp_path)
 
 
 def test_running_out_of_memory_is_bad_input_with_the_figure_and_hints(tmp_path, monkeypatch):
-    from lcsb_cli import engine
     from lcsb_cli.errors import BadInput
+    from lcsb_cli.run import engine
 
     def no_memory(self, step):
         raise RuntimeError("[enforce fail at alloc_cpu.cpp:117] DefaultCPUAllocator: can't allocate memory")
@@ -188,7 +188,7 @@ def test_running_out_of_memory_is_bad_input_with_the_figure_and_hints(tmp_path, 
 
 
 def test_other_runtime_errors_are_not_disguised_as_memory_errors(tmp_path, monkeypatch):
-    from lcsb_cli import engine
+    from lcsb_cli.run import engine
 
     monkeypatch.setattr(engine.Trainer, "step", lambda self, step: (_ for _ in ()).throw(RuntimeError("shape mismatch")))
     with pytest.raises(RuntimeError, match="shape mismatch"):

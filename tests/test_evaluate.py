@@ -6,15 +6,21 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-
 from helpers import LAMP2, REPO, run_train
+
 from lcsb_cli.data import users
 from lcsb_cli.data.lamp2 import (
-    TAGS, LampQuestion, encode_example, format_input, group_by_user, profile_questions, retrieve_profile,
+    TAGS,
+    LampQuestion,
+    encode_example,
+    format_input,
+    group_by_user,
+    profile_questions,
+    retrieve_profile,
 )
 from lcsb_cli.data.synthetic import write_lamp2_sample
 from lcsb_cli.evaluate import _answer_logprobs, lamp2_metrics, majority_accuracy, run_eval, score_tags
-from lcsb_cli.models import inference_mode, load_model
+from lcsb_cli.model.load import inference_mode, load_model
 from lcsb_cli.recipe import load_recipe
 
 

@@ -11,13 +11,14 @@ import gguf
 import numpy as np
 import pytest
 import torch
-
 from gguf_readers import LlamaCpp, hf_greedy, hf_logits, transformers_model, transformers_tokenizer
 from helpers import LAMP2, REPO, lcsb, run_train
-from lcsb_cli import gguf_in, gguf_out, models
+
 from lcsb_cli.errors import BadInput
 from lcsb_cli.evaluate import run_eval
-from lcsb_cli.export import export_run
+from lcsb_cli.model import gguf_in, gguf_out
+from lcsb_cli.model import load as models
+from lcsb_cli.model.export import export_run
 from lcsb_cli.recipe import load_recipe
 
 pytestmark = pytest.mark.xdist_group("gguf")  # the module's exports are made once, in one worker

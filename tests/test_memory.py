@@ -7,13 +7,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 import yaml
-
 from helpers import LAMP2, REPO
-from lcsb_cli import losses, memory, models, streamed
+
 from lcsb_cli.data import build_train_batches
 from lcsb_cli.errors import BadInput
-from lcsb_cli.losses import causal_lm_loss
-from lcsb_cli.models import load_model
+from lcsb_cli.model import load as models
+from lcsb_cli.model import losses, memory, streamed
+from lcsb_cli.model.load import load_model
+from lcsb_cli.model.losses import causal_lm_loss
 from lcsb_cli.recipe import load_recipe
 from lcsb_cli.selective import SelectiveLayers, partition
 
@@ -203,7 +204,7 @@ def run_python(code: str) -> float:
 
 ALLOCATE = """
 import ctypes, ctypes.util, sys
-from lcsb_cli.memory import configure_allocator, rss_mb
+from lcsb_cli.model.memory import configure_allocator, rss_mb
 configure_allocator({threshold})
 libc = ctypes.CDLL(ctypes.util.find_library("c"))
 libc.malloc.restype, libc.free.argtypes = ctypes.c_void_p, [ctypes.c_void_p]
@@ -227,7 +228,7 @@ def test_mmap_threshold_returns_freed_blocks_the_heap_would_keep():
 
 KERNELS = """
 import torch
-from lcsb_cli.memory import limit_kernel_caches, rss_mb
+from lcsb_cli.model.memory import limit_kernel_caches, rss_mb
 limit_kernel_caches({entries})
 weight = torch.randn(1024, 512, dtype=torch.bfloat16)
 start = rss_mb()

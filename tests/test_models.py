@@ -2,15 +2,15 @@
 
 import pytest
 import torch
+from helpers import LAMP2, adapter_tensors, run_train
 from torch import nn
 
-from helpers import LAMP2, adapter_tensors, run_train
 from lcsb_cli.data import build_train_batches
-from lcsb_cli.losses import causal_lm_loss
-from lcsb_cli.models import inference_mode, load_model
+from lcsb_cli.model.load import inference_mode, load_model
+from lcsb_cli.model.losses import causal_lm_loss
 from lcsb_cli.recipe import load_recipe
+from lcsb_cli.run.rundir import read_metrics
 from lcsb_cli.selective import SelectiveLayers, partition
-from lcsb_cli.rundir import read_metrics
 
 
 def tiny(*overrides):
@@ -116,7 +116,7 @@ def save_checkpoint_dir(path, model_type: str):
     """A tiny random model of `model_type` saved the way users save theirs (save_pretrained + tokenizer)."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    from lcsb_cli.models import TOKENIZER_DIR
+    from lcsb_cli.model.load import TOKENIZER_DIR
 
     config = AutoConfig.for_model(
         model_type, hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,

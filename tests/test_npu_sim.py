@@ -128,9 +128,10 @@ def test_training_on_npu_sim_tracks_the_cpu_backend_and_reports_the_device(tmp_p
 
 
 def test_no_fp32_weight_copy_and_resident_bytes_fixed_while_training(tmp_path):
-    from lcsb_cli.engine import build_trainer
-    from lcsb_cli.recipe import load_recipe
     from helpers import LAMP2
+
+    from lcsb_cli.recipe import load_recipe
+    from lcsb_cli.run.engine import build_trainer
 
     trainer, loaded, _ = build_trainer(load_recipe(LAMP2, ["backend=npu-sim", "train.max_steps=2"]))
     base = [m.weight for m in loaded.model.modules() if isinstance(m, torch.nn.Linear) and not m.weight.requires_grad
@@ -144,7 +145,7 @@ def test_no_fp32_weight_copy_and_resident_bytes_fixed_while_training(tmp_path):
         trainer.step(step)
     assert npu.resident_bytes() == before
     # the memory breakdown counts the resident tiles as weights and the meta placeholders as nothing
-    from lcsb_cli.memory import breakdown, frozen_tensors
+    from lcsb_cli.model.memory import breakdown, frozen_tensors
 
     on_cpu = sum(t.nbytes for t in frozen_tensors(loaded.model) if not t.is_meta)
     figures = breakdown(loaded.model, loaded.probe, 0.0, trainer.backend.held_weights())

@@ -12,13 +12,12 @@ from pathlib import Path
 import pytest
 from helpers import Quiet, adapter_tensors, assert_same_tensors
 
-from lcsb_cli.backends import base
-from lcsb_cli.backends import CpuBackend
-from lcsb_cli.engine import train
+from lcsb_cli.backends import CpuBackend, base
 from lcsb_cli.errors import BadInput
-from lcsb_cli.overnight import Job
-from lcsb_cli.window import parse_window
 from lcsb_cli.recipe import OvernightConfig, load_recipe
+from lcsb_cli.run.engine import train
+from lcsb_cli.run.job import Job
+from lcsb_cli.window import parse_window
 
 REPO = Path(__file__).resolve().parent.parent
 OVERNIGHT = REPO / "recipes" / "overnight.yaml"

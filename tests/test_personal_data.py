@@ -11,7 +11,13 @@ import pytest
 
 from lcsb_cli.data.lamp2 import encode_example, split_input
 from lcsb_cli.data.personal import (
-    PROMPT, PersonalExample, filter_user, format_personal_input, load_personal, time_split, to_questions,
+    PROMPT,
+    PersonalExample,
+    filter_user,
+    format_personal_input,
+    load_personal,
+    time_split,
+    to_questions,
 )
 from lcsb_cli.errors import BadInput
 

@@ -12,10 +12,10 @@ import yaml
 from typer.testing import CliRunner
 
 from lcsb_cli import recipe as rc
-from lcsb_cli import rundir
-from lcsb_cli.checkpoint import checkpoint_dirs
 from lcsb_cli.cli import app
 from lcsb_cli.errors import BadInput
+from lcsb_cli.run import rundir
+from lcsb_cli.run.checkpoint import checkpoint_dirs
 
 REPO = Path(__file__).resolve().parent.parent
 LAMP2 = REPO / "recipes" / "lamp2.yaml"

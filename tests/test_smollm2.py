@@ -11,16 +11,17 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from gguf_readers import LlamaCpp, hf_greedy, hf_logits, transformers_model
 from helpers import Quiet
-from lcsb_cli import gguf_in, models
+
 from lcsb_cli.data import build_train_batches
-from lcsb_cli.engine import target_tokens, train
-from lcsb_cli.export import export_run
-from lcsb_cli.losses import causal_lm_loss
+from lcsb_cli.model import gguf_in
+from lcsb_cli.model import load as models
+from lcsb_cli.model.export import export_run
+from lcsb_cli.model.losses import causal_lm_loss
 from lcsb_cli.recipe import load_recipe
-from lcsb_cli.rundir import read_metrics
+from lcsb_cli.run.engine import target_tokens, train
+from lcsb_cli.run.rundir import read_metrics
 
 REPO = Path(__file__).resolve().parent.parent
 PROMPTS = ["The capital of France is", "Once upon a time, a little robot", "def add(a, b):\n"]

@@ -10,9 +10,9 @@ import time
 import pytest
 import torch
 import yaml
-
 from helpers import LAMP2, REPO, adapter_tensors, assert_same_tensors, run_train
-from lcsb_cli.rundir import read_metrics
+
+from lcsb_cli.run.rundir import read_metrics
 
 METRIC_FIELDS = {"step", "loss", "lr", "grad_norm", "tokens", "tokens_per_s", "step_time_s", "peak_mem_mb",
                  "active_block", "method"}

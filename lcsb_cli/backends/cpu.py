@@ -4,7 +4,7 @@ import contextlib
 
 import torch
 
-from ..memory import peak_rss_mb
+from ..model.memory import peak_rss_mb
 from .base import Backend
 
 

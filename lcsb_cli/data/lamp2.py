@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from lcsb_cli.errors import BadInput
+from ..errors import BadInput
 
 TAGS: tuple[str, ...] = (
     "sci-fi", "based on a book", "comedy", "action", "twist ending", "dystopia", "dark comedy",

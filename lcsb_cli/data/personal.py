@@ -15,8 +15,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Sequence
 
-from lcsb_cli.data.lamp2 import LampQuestion
-from lcsb_cli.errors import BadInput
+from ..errors import BadInput
+from .lamp2 import LampQuestion
 
 PROMPT = "Which category does this item belong to among the following categories? Just answer with the category name."
 ON_BAD_LINE = ("error", "skip")

@@ -14,9 +14,9 @@ import signal
 import time
 from pathlib import Path
 
-from .atomic import write_json_atomic
+from ..atomic import write_json_atomic
+from ..window import parse_window
 from .distributed import check_parallel_method, init_world
-from .window import parse_window
 
 COOL_MARGIN_C = 2.0  # a paused job resumes this far below overnight.max_temp_c
 
@@ -117,8 +117,8 @@ def write_report(run_dir: Path, recipe, state: dict, summary: dict, eval_after: 
                  adapter_dir: Path) -> dict:
     """The morning report: report.json and the same as report.md (`eval_after` is None after a signal: the job
     exits at once and the run's next finish evaluates)."""
-    from .atomic import write_text_atomic
-    from .data import personal_data
+    from ..atomic import write_text_atomic
+    from ..data import personal_data
 
     skipped = personal_data(recipe).skipped if recipe.data.format == "jsonl" else []
     report = {

@@ -7,9 +7,9 @@ from pathlib import Path
 import torch
 from peft import get_peft_model_state_dict, set_peft_model_state_dict
 
-from .atomic import write_dir
+from ..atomic import write_dir
+from ..errors import BadInput
 from .checkpoint import CorruptCheckpoint, checkpoint_dirs, load_checkpoint, save_checkpoint, step_of
-from .errors import BadInput
 
 KEEP_CHECKPOINTS = 3
 

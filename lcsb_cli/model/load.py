@@ -16,11 +16,12 @@ import torch
 import yaml
 from torch import nn
 
-from . import atomic, gguf_in, memory, streamed
-from .errors import BadInput
-from .recipe import Recipe
+from .. import atomic
+from ..errors import BadInput
+from ..recipe import Recipe
+from . import gguf_in, memory, streamed
 
-PACKAGE_ROOT = Path(__file__).resolve().parent.parent
+PACKAGE_ROOT = Path(__file__).resolve().parents[2]
 PRESET_DIR = PACKAGE_ROOT / "configs" / "models"
 TOKENIZER_DIR = PACKAGE_ROOT / "configs" / "tokenizers"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}

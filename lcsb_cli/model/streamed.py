@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from .errors import BadInput
+from ..errors import BadInput
 from .memory import seeded
 
 ROW_BLOCK = 64  # bitsandbytes' 4-bit block size: a row of H values is H / 64 whole blocks

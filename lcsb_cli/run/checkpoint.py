@@ -11,8 +11,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from .atomic import write_dir, write_json_atomic
-from .errors import BadInput
+from ..atomic import write_dir, write_json_atomic
+from ..errors import BadInput
 
 ADAPTER_FILE = "adapter_model.safetensors"
 STATE_FILE = "state.pt"

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from .errors import BadInput
+from ..errors import BadInput
 
 
 @dataclass(frozen=True)

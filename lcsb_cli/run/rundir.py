@@ -8,10 +8,10 @@ from pathlib import Path
 
 import yaml
 
-from .atomic import write_text_atomic
+from ..atomic import write_text_atomic
+from ..errors import BadInput
+from ..recipe import Recipe, dump, recipe_from_dict, to_dict
 from .checkpoint import checkpoint_dirs
-from .errors import BadInput
-from .recipe import Recipe, dump, recipe_from_dict, to_dict
 
 RUN_FILES = ("config.yaml", "metrics.jsonl", "summary.json", "adapter", "checkpoints", "users", "adapters",
              "eval.json", "predictions.json")

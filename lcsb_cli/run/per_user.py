@@ -5,14 +5,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from ..atomic import write_json_atomic
+from ..data import users
+from ..errors import Diverged
+from ..recipe import Recipe, replace_key
 from . import rundir
-from .atomic import write_json_atomic
-from .data import users
 from .distributed import World
 from .engine import SilentReporter, train
-from .errors import Diverged
-from .overnight import Job, owned_job
-from .recipe import Recipe, replace_key
+from .job import Job, owned_job
 from .summary import aggregate
 
 

@@ -7,9 +7,9 @@ import multiprocessing
 import statistics
 from pathlib import Path
 
-from .atomic import write_json_atomic, write_text_atomic
-from .errors import BadInput
-from .recipe import Recipe, replace_key, to_dict
+from ..atomic import write_json_atomic, write_text_atomic
+from ..errors import BadInput
+from ..recipe import Recipe, replace_key, to_dict
 
 FIXED = ("full-backprop", "full-backprop+ckpt", "freeze", "lisa", "mezo", "hf-trainer", "hf-trainer:bf16")
 BASELINE = "full-backprop"
@@ -74,7 +74,7 @@ def run_bench(recipe: Recipe, compare: list[str], steps: int, warmup: int, outpu
 
 class _Worker:
     def __init__(self, name: str, recipe: Recipe, total_steps: int):
-        from .bench_workers import hf_trainer_worker, lcsb_worker
+        from .workers import hf_trainer_worker, lcsb_worker
 
         context = multiprocessing.get_context("spawn")
         self.name = name

@@ -14,21 +14,21 @@ from typing import Callable, Protocol
 import torch
 from transformers import get_scheduler
 
+from ..atomic import write_json_atomic
+from ..backends import Backend, get_backend
+from ..data import build_train_batches, eval_questions, train_questions
+from ..data.batching import BatchStream
+from ..errors import BadInput, Diverged
+from ..evaluate import evaluate_questions
+from ..methods import Method, build_method
+from ..model.load import load_model, lora_parameters
+from ..model.losses import causal_lm_loss
+from ..model.memory import breakdown, make_optimizer
+from ..recipe import DivergenceConfig, Recipe, check_layer_counts
 from . import rundir
-from .atomic import write_json_atomic
-from .backends import Backend, get_backend
-from .data import build_train_batches, eval_questions, train_questions
-from .data.batching import BatchStream
 from .distributed import SINGLE, World
 from .divergence import DivergenceGuard, GoodState, all_finite, scale_lr
-from .errors import BadInput, Diverged
-from .evaluate import evaluate_questions
-from .losses import causal_lm_loss
-from .memory import breakdown, make_optimizer
-from .methods import Method, build_method
-from .models import load_model, lora_parameters
-from .overnight import Job, owned_job, write_report
-from .recipe import DivergenceConfig, Recipe, check_layer_counts
+from .job import Job, owned_job, write_report
 from .resume import resume_state, save_adapter, save_state
 from .summary import summarize
 
@@ -330,7 +330,7 @@ def _finish(recipe, run_dir, trainer, loaded, held_out, adapter_dir, job, wall, 
 
 
 def _held_out_metrics(loaded, held_out, recipe: Recipe) -> dict:
-    from .evaluate import summary_row
+    from ..evaluate import summary_row
 
     _, metrics = evaluate_questions(loaded.model, loaded.tokenizer, held_out, recipe)
     return summary_row(metrics)

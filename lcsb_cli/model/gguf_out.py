@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .errors import BadInput
+from ..errors import BadInput
 
 OUTTYPES = ("f16", "bf16", "q8_0")
 ARCHITECTURES = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}  # HF model_type -> GGUF

@@ -7,9 +7,10 @@ from pathlib import Path
 
 import torch
 
-from . import atomic, gguf_out
-from .errors import BadInput
-from .recipe import load_recipe, replace_key
+from .. import atomic
+from ..errors import BadInput
+from ..recipe import load_recipe, replace_key
+from . import gguf_out
 
 FORMATS = ("hf", "gguf")
 
@@ -53,7 +54,7 @@ def _check_format(fmt: str, outtype: str | None, merge: bool) -> None:
 
 def _check_gguf_architecture(recipe) -> None:
     """Refuse an unsupported architecture before any weight is loaded."""
-    from .models import check_causal_lm, resolve_base_dir
+    from .load import check_causal_lm, resolve_base_dir
 
     base_dir = resolve_base_dir(recipe.model.name, recipe.model.dtype)
     gguf_out.check_exportable(check_causal_lm(base_dir, recipe.model.trust_remote_code).model_type)
@@ -64,7 +65,7 @@ def merged_model(recipe, adapter: Path):
     unquantized in the recipe's dtype."""
     from peft import PeftModel
 
-    from .models import load_base
+    from .load import load_base
 
     base, _, base_dir = load_base(replace_key(recipe, "quantization", "none"), torch.device("cpu"))
     merged = PeftModel.from_pretrained(base, adapter).merge_and_unload()
@@ -73,7 +74,7 @@ def merged_model(recipe, adapter: Path):
 
 
 def _merged_hf(recipe, adapter: Path, target: Path) -> None:
-    from .models import load_tokenizer
+    from .load import load_tokenizer
 
     merged, base_dir = merged_model(recipe, adapter)
     merged.save_pretrained(target)
@@ -81,7 +82,7 @@ def _merged_hf(recipe, adapter: Path, target: Path) -> None:
 
 
 def _merged_gguf(recipe, adapter: Path, target: Path, outtype: str) -> None:
-    from .models import gguf_source
+    from .load import gguf_source
 
     merged, base_dir = merged_model(recipe, adapter)
     gguf_out.write_gguf(merged, base_dir, target, outtype, gguf_source(recipe.model.name))

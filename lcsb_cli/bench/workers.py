@@ -11,13 +11,13 @@ import time
 
 import torch
 
-from .memory import breakdown, peak_rss_mb
+from ..model.memory import breakdown, peak_rss_mb
 
 
 def lcsb_worker(conn, recipe_dict: dict) -> None:
     """Steps of the engine's own Trainer (lcsb, full-backprop, freeze, lisa, mezo)."""
-    from .engine import build_trainer
-    from .recipe import recipe_from_dict
+    from ..recipe import recipe_from_dict
+    from ..run.engine import build_trainer
 
     recipe = recipe_from_dict(recipe_dict)
     trainer, loaded, _ = build_trainer(recipe)
@@ -45,10 +45,10 @@ def hf_trainer_worker(conn, recipe_dict: dict, bf16: bool, total: int) -> None:
     from transformers import Trainer, TrainerCallback, TrainingArguments
     from transformers.trainer_callback import PrinterCallback
 
-    from .data import build_train_batches
-    from .data.batching import collate
-    from .models import load_model
-    from .recipe import recipe_from_dict
+    from ..data import build_train_batches
+    from ..data.batching import collate
+    from ..model.load import load_model
+    from ..recipe import recipe_from_dict
 
     recipe = recipe_from_dict(recipe_dict)
     torch.manual_seed(recipe.train.seed)
@@ -99,8 +99,8 @@ def hf_trainer_worker(conn, recipe_dict: dict, bf16: bool, total: int) -> None:
 
 
 def _evaluate(model, tokenizer, recipe) -> dict:
-    from .data import eval_questions
-    from .evaluate import evaluate_questions, summary_row
+    from ..data import eval_questions
+    from ..evaluate import evaluate_questions, summary_row
 
     _, metrics = evaluate_questions(model, tokenizer, eval_questions(recipe), recipe)
     return summary_row(metrics)

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import torch
 
-from . import atomic
-from .errors import BadInput
+from .. import atomic
+from ..errors import BadInput
 
 MAGIC = b"GGUF"
 PROVENANCE = "lcsb_gguf_source.json"  # written last into a conversion; its presence marks the entry complete

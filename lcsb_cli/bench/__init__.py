@@ -1,0 +1,1 @@
+"""`lcsb bench`: methods side by side in worker processes, and its table."""
