@@ -173,14 +173,14 @@ def bench(
 ) -> None:
     """Methods side by side on one recipe: interleaved timed steps, one process per method."""
     from .bench.compare import method_names, run_bench
-    from .report import bench_table
+    from .bench.table import bench_rich
 
     loaded = load_recipe(recipe_path(recipe), overrides or [])
     if not compare:
         raise BadInput("--compare: name at least one method, e.g. --compare full-backprop")
     method_names(loaded, compare)
     result = run_bench(loaded, compare, steps, warmup, output or Path(loaded.output_dir) / "bench", evaluate)
-    out.print(bench_table(result))
+    out.print(bench_rich(result, loaded))
 
 
 @app.command()

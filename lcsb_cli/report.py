@@ -125,21 +125,3 @@ def eval_table(result: dict) -> Table:
                   str(result["out_of_label"]))
     return table
 
-
-def bench_table(result: dict) -> Table:
-    table = Table(title=f"lcsb bench (baseline {result['baseline']})")
-    simulated = "sim_step_time_s" in result["methods"][0]
-    columns = ["method", "median step s", "tokens/s", "peak MB", "final loss", "speedup", "efficiency", "eval acc"]
-    for column in columns + (["sim step ms", "sim mJ", "NPU util", "sim speedup"] if simulated else []):
-        table.add_column(column, justify="right" if column != "method" else "left")
-    for m in result["methods"]:
-        cells = [
-            m["name"], f"{m['median_step_time_s']:.3f}", f"{m['tokens_per_s']:.0f}", f"{m['peak_mem_mb']:.0f}",
-            f"{m['final_loss']:.4f}", f"{m['speedup']:.2f}x", f"{m['efficiency']:.2f}" if "efficiency" in m else "",
-            f"{m['eval']['accuracy']:.3f}" if m["eval"] else "",
-        ]
-        if simulated:
-            cells += [f"{m['sim_step_time_s'] * 1e3:.2f}", f"{m['sim_energy_j'] * 1e3:.1f}", f"{m['npu_util']:.2f}",
-                      f"{m['sim_speedup']:.2f}x"]
-        table.add_row(*cells)
-    return table

@@ -13,6 +13,7 @@ import yaml
 from helpers import LAMP2, REPO, adapter_tensors, assert_same_tensors, run_train
 
 from lcsb_cli.run.rundir import read_metrics
+from lcsb_cli.run.summary import aggregate, summarize
 
 METRIC_FIELDS = {"step", "loss", "lr", "grad_norm", "tokens", "tokens_per_s", "step_time_s", "peak_mem_mb",
                  "active_block", "method"}
@@ -38,6 +39,28 @@ def test_train_writes_the_run_directory(tmp_path):
     assert config["train"]["max_steps"] == 6 and config["lcsb"]["blocks"] == 4
     assert (run_dir / "adapter" / "adapter_config.json").is_file()
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step-4", "step-6"]
+
+
+def test_summary_and_per_user_totals_from_hand_made_rows():
+    rows = [{"step": 1, "loss": 3.0, "tokens": 100, "step_time_s": 1.0, "peak_mem_mb": 50.0, "forward_s": 0.3,
+             "backward_s": 0.6},
+            {"step": 2, "loss": 2.0, "tokens": 100, "step_time_s": 3.0, "peak_mem_mb": 70.0, "forward_s": 0.5,
+             "backward_s": 2.0, "event": "rollback"},
+            {"step": 2, "event": "throttled"},  # an event row: no step statistics
+            {"step": 3, "loss": 1.5, "tokens": 200, "step_time_s": 2.0, "peak_mem_mb": 60.0, "forward_s": 0.4,
+             "backward_s": 1.0}]
+    method = type("Method", (), {"name": "lcsb", "blocks": 4})()
+    summary = summarize(rows, method, wall_time_s=7.0)
+    assert summary["steps"] == 3 and summary["final_loss"] == 1.5 and summary["median_step_time_s"] == 2.0
+    assert summary["tokens_per_s"] == 400 / 6.0 and summary["peak_mem_mb"] == 70.0
+    assert (summary["median_forward_s"], summary["median_backward_s"]) == (0.4, 1.0)
+    assert summary["events"] == {"rollback": 1, "throttled": 1} and "sim_energy_j" not in summary
+    other = {**summary, "steps": 1, "final_loss": 0.5, "median_step_time_s": 4.0, "tokens_per_s": 50.0,
+             "peak_mem_mb": 90.0, "wall_time_s": 3.0, "events": {"rollback": 2}, "memory": None}
+    pooled = aggregate([{**summary, "memory": None}, other])
+    assert pooled["steps"] == 4 and pooled["final_loss"] == 1.0 and pooled["median_step_time_s"] == 3.0
+    assert pooled["peak_mem_mb"] == 90.0 and pooled["wall_time_s"] == 10.0
+    assert pooled["events"] == {"rollback": 3, "throttled": 1}
 
 
 def test_k1_reproduces_full_backprop_bit_for_bit(tmp_path):

@@ -4,12 +4,13 @@ interleaved timed steps, one worker process per method."""
 from __future__ import annotations
 
 import multiprocessing
-import statistics
 from pathlib import Path
 
 from ..atomic import write_json_atomic, write_text_atomic
 from ..errors import BadInput
 from ..recipe import Recipe, replace_key, to_dict
+from ..run.summary import step_stats
+from .table import bench_markdown
 
 FIXED = ("full-backprop", "full-backprop+ckpt", "freeze", "lisa", "mezo", "hf-trainer", "hf-trainer:bf16")
 BASELINE = "full-backprop"
@@ -112,78 +113,30 @@ class _Worker:
 
 def summarize_bench(names: list[str], timed: dict[str, list[dict]], all_rows: dict[str, list[dict]],
                     evals: dict, memory: dict | None = None) -> dict:
-    medians = {n: statistics.median(r["step_time_s"] for r in timed[n]) for n in names}
+    """bench.json: each method's step_stats over its timed steps; `diverged` and the eval over all of them."""
     baseline = BASELINE if BASELINE in names else names[0]
-    result = {"baseline": baseline, "methods": []}
-    base_rows = timed[baseline]
-    if baseline == BASELINE and "forward_s" in base_rows[0]:
-        result["forward_s"] = statistics.median(r["forward_s"] for r in base_rows)
-        result["backward_s"] = statistics.median(r["backward_s"] for r in base_rows)
+    stats = {name: step_stats(timed[name]) for name in names}
+    methods = []
     for name in names:
-        rows = timed[name]
-        entry = {
-            "name": name, "median_step_time_s": medians[name],
-            "tokens_per_s": sum(r["tokens"] for r in rows) / sum(r["step_time_s"] for r in rows),
-            "peak_mem_mb": max(r["peak_mem_mb"] for r in all_rows[name]),
-            "final_loss": all_rows[name][-1]["loss"], "eval": evals.get(name),
-            "diverged": any(r.get("event") in ("diverged", "rollback") for r in all_rows[name]),
-            "speedup": medians[baseline] / medians[name], "memory": (memory or {}).get(name),
-        }
-        if "sim_step_time_s" in rows[0]:
-            entry.update(_simulated(rows, timed[baseline]))
-        if (k := lcsb_blocks(name)) is not None and "forward_s" in result:
-            f, b = result["forward_s"], result["backward_s"]
-            entry["ceiling"] = (f + b) / (f + b / k)
-            entry["efficiency"] = entry["speedup"] / entry["ceiling"]
-        result["methods"].append(entry)
-    return result
+        entry = {"name": name, **stats[name], "eval": evals.get(name),
+                 "diverged": any(r.get("event") in ("diverged", "rollback") for r in all_rows[name]),
+                 "speedup": stats[baseline]["median_step_time_s"] / stats[name]["median_step_time_s"],
+                 "memory": (memory or {}).get(name)}
+        if "sim_median_step_time_s" in entry:
+            entry["sim_speedup"] = stats[baseline]["sim_median_step_time_s"] / entry["sim_median_step_time_s"]
+        methods.append({**entry, **_ideal_speedup(entry, stats.get(BASELINE))})
+    return {"baseline": baseline, "methods": methods}
 
 
-def _simulated(rows: list[dict], baseline_rows: list[dict]) -> dict:
-    """npu-sim: the simulated phone's medians, and the speedup on the phone against the baseline."""
-    medians = {k: statistics.median(r[k] for r in rows) for k in ("sim_step_time_s", "sim_energy_j", "npu_util")}
-    base = statistics.median(r["sim_step_time_s"] for r in baseline_rows)
-    return {**medians, "sim_speedup": base / medians["sim_step_time_s"]}
-
-
-def bench_markdown(result: dict, recipe: Recipe, steps: int, warmup: int) -> str:
-    lines = [f"# lcsb bench: {recipe.name}", "",
-             f"Model {recipe.model.name} ({recipe.model.dtype}, quantization {recipe.quantization}), batch "
-             f"{recipe.train.batch_size}, autocast {recipe.train.autocast}, backend {recipe.backend}; {steps} timed "
-             f"steps per method after {warmup} warm-up steps, interleaved; baseline {result['baseline']}.", ""]
-    if "forward_s" in result:
-        lines += [f"Full backprop: forward {result['forward_s']:.3f} s, backward {result['backward_s']:.3f} s "
-                  "(medians); an lcsb:K ceiling is (F+B)/(F+B/K).", ""]
-    lines += ["| method | median step (s) | tokens/s | peak RSS (MB) | final loss | speedup | efficiency | eval acc |",
-              "| --- | --- | --- | --- | --- | --- | --- | --- |"]
-    for m in result["methods"]:
-        eff = f"{m['efficiency']:.2f}" if "efficiency" in m else ""
-        acc = f"{m['eval']['accuracy']:.3f}" if m["eval"] else ""
-        lines.append(f"| {m['name']} | {m['median_step_time_s']:.3f} | {m['tokens_per_s']:.0f} | "
-                     f"{m['peak_mem_mb']:.0f} | {m['final_loss']:.4f} | {m['speedup']:.2f}x | {eff} | {acc} |")
-    if "sim_step_time_s" in result["methods"][0]:
-        lines += ["", f"Simulated on-device (npu-sim, {recipe.npu_sim.device}, {recipe.npu_sim.weights} weights):", "",
-                  "| method | sim step (ms) | sim energy (mJ/step) | NPU util | sim speedup |", "| --- | --- | --- | --- | --- |"]
-        lines += [f"| {m['name']} | {m['sim_step_time_s'] * 1e3:.2f} | {m['sim_energy_j'] * 1e3:.1f} | "
-                  f"{m['npu_util']:.2f} | {m['sim_speedup']:.2f}x |" for m in result["methods"]]
-    return "\n".join(lines + memory_markdown(result["methods"])) + "\n"
-
-
-MEMORY_COLUMNS = {"peak_rss_mb": "peak RSS", "runtime_mb": "runtime", "weights_mb": "weights",
-                  "lora_optimizer_mb": "LoRA + optimizer", "activations_mb": "activations", "logits_mb": "logits",
-                  "other_mb": "other"}
-
-
-def memory_markdown(methods: list[dict]) -> list[str]:
-    """The peak-RSS breakdown (memory.breakdown) per method, MB; methods without one (hf-trainer) are left out."""
-    rows = [m for m in methods if m.get("memory")]
-    if not rows:
-        return []
-    header = "| method | " + " | ".join(MEMORY_COLUMNS.values()) + " |"
-    lines = ["", "Peak RSS breakdown (MB; other = allocator slack, transient dequantized weights, data, late imports):",
-             "", header, "|" + " --- |" * (len(MEMORY_COLUMNS) + 1)]
-    return lines + [f"| {m['name']} | " + " | ".join(f"{m['memory'][c]:.0f}" for c in MEMORY_COLUMNS) + " |"
-                    for m in rows]
+def _ideal_speedup(entry: dict, full: dict | None) -> dict:
+    """lcsb:K against full backprop if its backward cost exactly a K-th of full backprop's and its forward were its
+    own (which records the autograd graph of the active block only): (F_full + B_full) / (F_lcsb + B_full / K)."""
+    blocks = lcsb_blocks(entry["name"])
+    if blocks is None or full is None or "median_forward_s" not in full or "median_forward_s" not in entry:
+        return {}
+    ideal = (full["median_forward_s"] + full["median_backward_s"]) / (
+        entry["median_forward_s"] + full["median_backward_s"] / blocks)
+    return {"ideal_speedup": ideal, "efficiency": entry["speedup"] / ideal}
 
 
 def plot_loss_curves(rows: dict[str, list[dict]], path: Path) -> None:

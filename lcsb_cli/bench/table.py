@@ -1,0 +1,107 @@
+"""bench's tables, built once from bench.json's result and rendered as markdown (bench.md) and rich (the terminal)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rich.console import Group
+from rich.table import Table
+
+from ..recipe import Recipe
+
+IDEAL = ("lcsb:K's ideal speedup = (F_full + B_full) / (F_lcsb + B_full / K), F and B the forward and backward "
+         "medians of full backprop and of that lcsb:K: its step time if its backward cost exactly a K-th of full "
+         "backprop's; efficiency = speedup / ideal speedup.")
+MEMORY_COLUMNS = {"peak_rss_mb": "peak RSS", "runtime_mb": "runtime", "weights_mb": "weights",
+                  "lora_optimizer_mb": "LoRA + optimizer", "activations_mb": "activations", "logits_mb": "logits",
+                  "other_mb": "other"}
+
+
+@dataclass
+class BenchTable:
+    title: str
+    columns: list[str]
+    rows: list[list[str]]
+
+
+def bench_tables(result: dict, recipe: Recipe) -> list[BenchTable]:
+    """The per-method table, forward and backward, the simulated phone's (npu-sim) and the peak-RSS breakdown, each
+    when some method has its figures."""
+    methods = result["methods"]
+    tables = [_main(methods, result["baseline"])]
+    if any("median_forward_s" in m for m in methods):
+        tables.append(_split(methods))
+    if any("sim_median_step_time_s" in m for m in methods):
+        tables.append(_simulated(methods, recipe))
+    if any(m.get("memory") for m in methods):
+        tables.append(_memory(methods))
+    return tables
+
+
+def bench_markdown(result: dict, recipe: Recipe, steps: int, warmup: int) -> str:
+    lines = [f"# lcsb bench: {recipe.name}", "",
+             f"Model {recipe.model.name} ({recipe.model.dtype}, quantization {recipe.quantization}), batch "
+             f"{recipe.train.batch_size}, autocast {recipe.train.autocast}, backend {recipe.backend}; {steps} timed "
+             f"steps per method after {warmup} warm-up steps, interleaved; baseline {result['baseline']}.", ""]
+    if any("ideal_speedup" in m for m in result["methods"]):
+        lines += [IDEAL, ""]
+    for table in bench_tables(result, recipe):
+        lines += [f"{table.title}:", "", *markdown_lines(table), ""]
+    return "\n".join(lines)
+
+
+def markdown_lines(table: BenchTable) -> list[str]:
+    return [_markdown_row(table.columns), "|" + " --- |" * len(table.columns), *map(_markdown_row, table.rows)]
+
+
+def bench_rich(result: dict, recipe: Recipe) -> Group:
+    return Group(*(rich_table(table) for table in bench_tables(result, recipe)))
+
+
+def rich_table(table: BenchTable) -> Table:
+    rendered = Table(title=table.title)
+    for index, column in enumerate(table.columns):
+        rendered.add_column(column, justify="left" if index == 0 else "right", no_wrap=index == 0)
+    for row in table.rows:
+        rendered.add_row(*row)
+    return rendered
+
+
+def _main(methods: list[dict], baseline: str) -> BenchTable:
+    columns = ["method", "median step (s)", "tokens/s", "peak RSS (MB)", "final loss", "speedup", "eval acc"]
+    rows = [[m["name"], f"{m['median_step_time_s']:.3f}", f"{m['tokens_per_s']:.0f}", f"{m['peak_mem_mb']:.0f}",
+             f"{m['final_loss']:.4f}", f"{m['speedup']:.2f}x", _cell((m["eval"] or {}).get("accuracy"), "{:.3f}")]
+            for m in methods]
+    return BenchTable(f"Per method (medians over the timed steps; speedup against {baseline})", columns, rows)
+
+
+def _split(methods: list[dict]) -> BenchTable:
+    """Methods whose steps have a forward and a backward pass (not mezo, not hf-trainer's own loop)."""
+    rows = [[m["name"], f"{m['median_forward_s']:.3f}", f"{m['median_backward_s']:.3f}",
+             _cell(m.get("ideal_speedup"), "{:.2f}x"), _cell(m.get("efficiency"), "{:.2f}")]
+            for m in methods if "median_forward_s" in m]
+    columns = ["method", "forward (s)", "backward (s)", "ideal speedup", "efficiency"]
+    return BenchTable("Forward and backward (medians)", columns, rows)
+
+
+def _simulated(methods: list[dict], recipe: Recipe) -> BenchTable:
+    columns = ["method", "sim step (ms)", "sim energy (mJ/step)", "NPU util", "sim speedup"]
+    rows = [[m["name"], f"{m['sim_median_step_time_s'] * 1e3:.2f}", f"{m['sim_median_energy_j'] * 1e3:.1f}",
+             f"{m['npu_util']:.2f}", f"{m['sim_speedup']:.2f}x"] for m in methods if "sim_median_step_time_s" in m]
+    title = f"Simulated on-device (npu-sim, {recipe.npu_sim.device}, {recipe.npu_sim.weights} weights)"
+    return BenchTable(title, columns, rows)
+
+
+def _memory(methods: list[dict]) -> BenchTable:
+    """Methods without a breakdown (hf-trainer: HF's own loop, which the engine's probes do not see) are left out."""
+    rows = [[m["name"], *(f"{m['memory'][key]:.0f}" for key in MEMORY_COLUMNS)] for m in methods if m.get("memory")]
+    title = "Peak RSS breakdown (MB; other = allocator slack, transient dequantized weights, data, late imports)"
+    return BenchTable(title, ["method", *MEMORY_COLUMNS.values()], rows)
+
+
+def _cell(value: float | None, template: str) -> str:
+    return "" if value is None else template.format(value)
+
+
+def _markdown_row(cells: list[str]) -> str:
+    return "| " + " | ".join(cells) + " |"
