@@ -1,13 +1,16 @@
 """npu-sim: the NPU's interface and numerics against fp32 references, the device model, and training on it."""
 
 import json
+from itertools import pairwise
 
 import pytest
 import torch
 from helpers import adapter_tensors, assert_same_tensors, run_train
 
+from lcsb_cli.backends.npu_sim import NpuSimBackend
 from lcsb_cli.backends.npu_sim.device import DeviceModel, load_profile
 from lcsb_cli.backends.npu_sim.executor import Calibration, NpuExecutor, dequantize, from_fp16, to_fp16
+from lcsb_cli.recipe import NpuSimConfig
 
 FORMATS = ("fp16", "int8", "int4")
 TOLERANCE = {"fp16": 2e-3, "int8": 2e-2, "int4": 0.2}  # relative error of the product against the fp32 weights
@@ -123,8 +126,35 @@ def test_training_on_npu_sim_tracks_the_cpu_backend_and_reports_the_device(tmp_p
     assert all(abs(n["loss"] - c) / c < 0.02 for n, c in zip(steps, cpu))
     for row in steps:
         assert row["sim_step_time_s"] > 0 and row["sim_energy_j"] > 0 and 0 < row["npu_util"] <= 1
-        assert row["sim_temp_c"] > 25.0
     assert [r["fp32_layers"] for r in rows if r.get("event") == "precision"] == [[]]
+
+
+def _heat_balance_holds(profile, before_c, after_c, energy_j, seconds):
+    """Energy balance of one thermal mass C leaking (T - ambient) / R: C dT = E - the heat lost meanwhile, which lies
+    between the leak rates at the interval's two ends times its length (the temperature moves one way within it)."""
+    leak = sorted((t - profile.ambient_c) / profile.thermal_resistance_c_per_w * seconds for t in (before_c, after_c))
+    stored = profile.heat_capacity_j_per_c * (after_c - before_c)
+    return energy_j - leak[1] - 1e-9 <= stored <= energy_j - leak[0] + 1e-9
+
+
+def test_each_steps_energy_heats_the_phone_by_its_heat_capacity_and_idling_cools_it(tmp_path):
+    run_train(tmp_path / "npu", "train.max_steps=4", "backend=npu-sim")
+    steps = [r for r in _rows(tmp_path / "npu") if "loss" in r]
+    profile = load_profile("snapdragon-8gen3")
+    temps = [profile.ambient_c] + [r["sim_temp_c"] for r in steps]
+    assert all(after > before for before, after in pairwise(temps))  # energy spent, far below steady state
+    for before, row in zip(temps, steps):  # a step of ~25 mJ into 150 J/K: about 1.6e-4 C
+        assert _heat_balance_holds(profile, before, row["sim_temp_c"], row["sim_energy_j"], row["sim_step_time_s"])
+    backend = NpuSimBackend(NpuSimConfig())
+    backend.load_state_dict({**backend.state_dict(), "device": {"temp_c": 40.0, "throttled": False, "throttled_s": 0}})
+    assert backend.idle(60.0) and backend.temperature() < 40.0
+    assert _heat_balance_holds(profile, 40.0, backend.temperature(), profile.idle_power_w * 60, 60.0)
+    for _ in range(5):  # idle 5 h (20 RC time constants): down to where the idle floor balances the leak, no lower
+        backend.idle(3600.0)
+    assert backend.temperature() == pytest.approx(profile.ambient_c + profile.idle_power_w *
+                                                   profile.thermal_resistance_c_per_w, abs=0.01)
+    assert not backend.idle(60.0)
+    backend.executor.close()
 
 
 def test_no_fp32_weight_copy_and_resident_bytes_fixed_while_training(tmp_path):
@@ -158,7 +188,15 @@ def test_overlapped_npu_equals_serial_execution(tmp_path):
     assert_same_tensors(adapter_tensors(tmp_path / "overlap"), adapter_tensors(tmp_path / "serial"))
     overlap, serial = _rows(tmp_path / "overlap"), _rows(tmp_path / "serial")
     assert [r.get("loss") for r in overlap] == [r.get("loss") for r in serial]
-    assert all(o["sim_step_time_s"] < s["sim_step_time_s"] for o, s in zip(overlap, serial) if "loss" in o)
+    idle_w = load_profile("snapdragon-8gen3").idle_power_w
+    for o, s in ((o, s) for o, s in zip(overlap, serial) if "loss" in o):
+        npu = s["npu_util"] * s["sim_step_time_s"]  # the NPU lane's busy time: the same products in both runs
+        cpu = s["sim_step_time_s"] - npu  # serial: the lanes take turns, so the CPU lane has the rest
+        assert o["npu_util"] * o["sim_step_time_s"] == pytest.approx(npu, rel=1e-9)
+        assert max(npu, cpu) <= o["sim_step_time_s"] < s["sim_step_time_s"]  # no lane finishes faster than its work
+        # the same busy work on each unit: overlap saves only the idle floor's energy over the time it saves
+        saved_j = idle_w * (s["sim_step_time_s"] - o["sim_step_time_s"])
+        assert s["sim_energy_j"] - o["sim_energy_j"] == pytest.approx(saved_j, rel=1e-6)
 
 
 def test_precision_threshold_zero_moves_every_layer_to_fp32(tmp_path):
