@@ -157,7 +157,7 @@ def run_eval(recipe: Recipe, output: Path, adapter: Path | None = None, run_dir:
     from .data import eval_questions, train_questions, user_profile_questions, users
     from .model.load import load_model
 
-    backend = get_backend(recipe)
+    backend = get_backend(recipe.backend, recipe.npu_sim)
     loaded = load_model(recipe, backend.device, adapter)
     backend.prepare(loaded)
     if recipe.data.user == "all":

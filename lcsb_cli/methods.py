@@ -10,7 +10,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .recipe import Recipe
+from .errors import BadInput
+from .model.memory import make_optimizer
+from .recipe import LcsbConfig, Recipe, get_key
 from .selective import BlockSchedule, IdleMomentum, SelectiveLayers, partition
 
 
@@ -49,13 +51,11 @@ class Lcsb(Method):
 
     name = "lcsb"
 
-    def __init__(self, layers: nn.ModuleList, optimizer: torch.optim.Optimizer, recipe: Recipe):
-        cfg = recipe.lcsb
+    def __init__(self, layers: nn.ModuleList, optimizer: torch.optim.Optimizer, cfg: LcsbConfig, checkpointing: bool,
+                 seed: int):
         self.blocks = cfg.blocks
-        self.selective = SelectiveLayers(
-            layers, partition(len(layers), cfg.blocks), cfg.upper_path, recipe.activation_checkpointing
-        )
-        self.schedule = BlockSchedule(cfg.blocks, cfg.schedule, seed=recipe.train.seed)
+        self.selective = SelectiveLayers(layers, partition(len(layers), cfg.blocks), cfg.upper_path, checkpointing)
+        self.schedule = BlockSchedule(cfg.blocks, cfg.schedule, seed=seed)
         block_params = [self.selective.block_parameters(b) for b in range(cfg.blocks)]
         self.idle = IdleMomentum(optimizer, block_params) if cfg.idle_update == "momentum" else None
 
@@ -166,14 +166,25 @@ class Mezo(Method):
         self.generator.set_state(state["rng"])
 
 
-def build_method(recipe: Recipe, model: nn.Module, layers: nn.ModuleList, optimizer: torch.optim.Optimizer):
-    params = [p for group in optimizer.param_groups for p in group["params"]]
+def check_layer_counts(recipe: Recipe, num_layers: int) -> None:
+    """The ranges that depend on the model (the recipe checks the rest): K and the layer counts of freeze and lisa."""
+    key = {"lcsb": "lcsb.blocks", "freeze": "freeze.layers", "lisa": "lisa.layers"}.get(recipe.method)
+    if key and get_key(recipe, key) > num_layers:
+        raise BadInput(f"{key}: {get_key(recipe, key)} is more than the model's {num_layers} decoder layers")
+
+
+def build_method(recipe: Recipe, model: nn.Module, layers: nn.ModuleList,
+                 params: list[nn.Parameter]) -> tuple[Method, torch.optim.Optimizer]:
+    """The recipe's method and its optimizer: one over all LoRA `params`, built before any method freezes a layer,
+    at the method's learning rate (mezo.lr for MeZO, train.lr for the gradient methods)."""
+    lr = recipe.mezo.lr if recipe.method == "mezo" else recipe.train.lr
+    optimizer = make_optimizer(recipe.train.optimizer, params, lr, recipe.train.weight_decay)
     if recipe.method == "full-backprop":
-        return FullBackprop(model, recipe.activation_checkpointing)
+        return FullBackprop(model, recipe.activation_checkpointing), optimizer
     if recipe.method == "freeze":
-        return Freeze(layers, recipe.freeze.layers)
+        return Freeze(layers, recipe.freeze.layers), optimizer
     if recipe.method == "lisa":
-        return Lisa(layers, recipe.lisa.layers, recipe.lisa.interval, recipe.train.seed)
+        return Lisa(layers, recipe.lisa.layers, recipe.lisa.interval, recipe.train.seed), optimizer
     if recipe.method == "mezo":
-        return Mezo(params, recipe.mezo.eps, recipe.train.seed)
-    return Lcsb(layers, optimizer, recipe)
+        return Mezo(params, recipe.mezo.eps, recipe.train.seed), optimizer
+    return Lcsb(layers, optimizer, recipe.lcsb, recipe.activation_checkpointing, recipe.train.seed), optimizer

@@ -13,6 +13,7 @@ from pathlib import Path
 import yaml
 
 from .errors import BadInput
+from .selective import IDLE_UPDATES, SCHEDULES, UPPER_PATHS
 from .window import parse_window
 
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -162,9 +163,9 @@ CHOICES = {
     "model.dtype": ("float32", "bfloat16"),
     "quantization": ("none", "int8", "nf4", "fp4"),
     "method": ("lcsb", "full-backprop", "freeze", "lisa", "mezo"),
-    "lcsb.schedule": ("cyclic", "reverse", "random", "adaptive"),
-    "lcsb.upper_path": ("identity", "exact"),
-    "lcsb.idle_update": ("momentum", "none"),
+    "lcsb.schedule": SCHEDULES,
+    "lcsb.upper_path": UPPER_PATHS,
+    "lcsb.idle_update": IDLE_UPDATES,
     "backend": ("cpu", "cuda", "npu-sim"),
     "npu_sim.weights": ("fp16", "int8", "int4"),
     "npu_sim.precision": ("auto", "fp16", "fp32"),
@@ -241,16 +242,13 @@ def validate(recipe: Recipe) -> None:
         value = get_key(recipe, key)
         if value < minimum:
             raise BadInput(f"{key}: {value} is below the minimum {minimum}")
-    if recipe.lora.alpha <= 0:
-        raise BadInput(f"lora.alpha: {recipe.lora.alpha} must be positive (the LoRA scale is alpha / rank)")
     if not 0 < recipe.divergence.lr_backoff <= 1:
         raise BadInput(f"divergence.lr_backoff: {recipe.divergence.lr_backoff} must be in (0, 1]")
     if recipe.lora.dropout >= 1:
         raise BadInput(f"lora.dropout: {recipe.lora.dropout} must be below 1")
-    if recipe.mezo.eps <= 0 or recipe.mezo.lr <= 0:
-        raise BadInput("mezo.eps and mezo.lr must be positive")
-    if recipe.train.lr <= 0:
-        raise BadInput(f"train.lr: {recipe.train.lr} must be positive")
+    for key in ("lora.alpha", "mezo.eps", "mezo.lr", "train.lr"):
+        if get_key(recipe, key) <= 0:
+            raise BadInput(f"{key}: {get_key(recipe, key)} must be positive")
     if recipe.backend == "npu-sim" and recipe.quantization != "none":
         raise BadInput("quantization: npu-sim keeps its own resident weights (npu_sim.weights); set quantization=none")
     if recipe.backend == "npu-sim" and recipe.train.autocast != "none":
@@ -291,14 +289,6 @@ def _validate_jsonl(data: DataConfig) -> None:
         raise BadInput("data.user: 'all' is for LaMP-2; a jsonl file is one phone's data (give a user id or null)")
     if not 0 < data.eval_fraction < 1:
         raise BadInput(f"data.eval_fraction: {data.eval_fraction} must be between 0 and 1 (the newest items held out)")
-
-
-def check_layer_counts(recipe: Recipe, num_layers: int) -> None:
-    """The ranges that depend on the model: K and the layer counts of freeze and lisa."""
-    keys = {"lcsb": "lcsb.blocks", "freeze": "freeze.layers", "lisa": "lisa.layers"}
-    key = keys.get(recipe.method)
-    if key and get_key(recipe, key) > num_layers:
-        raise BadInput(f"{key}: {get_key(recipe, key)} is more than the model's {num_layers} decoder layers")
 
 
 def replace_key(recipe: Recipe, dotted: str, value) -> Recipe:

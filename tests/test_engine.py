@@ -9,13 +9,13 @@ from helpers import LAMP2, adapter_tensors, assert_same_tensors, run_train
 
 from lcsb_cli.backends import CpuBackend
 from lcsb_cli.data import build_train_batches
-from lcsb_cli.methods import build_method
+from lcsb_cli.methods import FullBackprop
 from lcsb_cli.model.load import load_model, lora_parameters
 from lcsb_cli.model.losses import causal_lm_loss
 from lcsb_cli.model.memory import make_optimizer
 from lcsb_cli.recipe import load_recipe
-from lcsb_cli.run.engine import Trainer
 from lcsb_cli.run.rundir import read_metrics
+from lcsb_cli.run.trainer import Trainer
 
 
 def make_trainer(*overrides, loss_fn=causal_lm_loss, optimizer_class=torch.optim.AdamW):
@@ -24,7 +24,7 @@ def make_trainer(*overrides, loss_fn=causal_lm_loss, optimizer_class=torch.optim
     params = lora_parameters(loaded.model)
     optimizer = optimizer_class(params, lr=1e-2)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
-    method = build_method(recipe, loaded.model, loaded.layers, optimizer)
+    method = FullBackprop(loaded.model, recipe.activation_checkpointing)
     batches = build_train_batches(recipe, loaded.tokenizer)
     loaded.model.train()
     return Trainer(loaded.model, params, optimizer, scheduler, method, batches, CpuBackend(),

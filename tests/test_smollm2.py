@@ -20,8 +20,9 @@ from lcsb_cli.model import load as models
 from lcsb_cli.model.export import export_run
 from lcsb_cli.model.losses import causal_lm_loss
 from lcsb_cli.recipe import load_recipe
-from lcsb_cli.run.engine import target_tokens, train
+from lcsb_cli.run.engine import train
 from lcsb_cli.run.rundir import read_metrics
+from lcsb_cli.run.trainer import target_tokens
 
 REPO = Path(__file__).resolve().parent.parent
 PROMPTS = ["The capital of France is", "Once upon a time, a little robot", "def add(a, b):\n"]

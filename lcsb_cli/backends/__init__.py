@@ -7,14 +7,14 @@ from .cpu import CpuBackend
 from .cuda import CudaBackend
 
 
-def get_backend(recipe):
-    """The backend a recipe names (`npu-sim` is configured by the recipe's npu_sim section)."""
-    if recipe.backend == "cuda":
+def get_backend(name: str, npu_sim=None) -> Backend:
+    """The backend named `name` (the recipe's `backend`); npu-sim is configured by the recipe's npu_sim section."""
+    if name == "cuda":
         return CudaBackend()
-    if recipe.backend == "npu-sim":
+    if name == "npu-sim":
         from .npu_sim import NpuSimBackend
 
-        return NpuSimBackend(recipe.npu_sim)
+        return NpuSimBackend(npu_sim)
     return CpuBackend()
 
 

@@ -9,7 +9,6 @@ from collections import deque
 
 import torch
 
-ACTIONS = ("stop", "skip", "rollback")
 WINDOW = 20  # good losses the spike test takes its running median over
 
 

@@ -11,7 +11,8 @@ from ..errors import Diverged
 from ..recipe import Recipe, replace_key
 from . import rundir
 from .distributed import World
-from .engine import SilentReporter, train
+from .engine import train
+from .hooks import SilentReporter
 from .job import Job, owned_job
 from .summary import aggregate
 
@@ -28,18 +29,9 @@ def train_per_user(recipe: Recipe, run_dir: Path, reporter, resume: bool = False
 
 
 def _fan_out(recipe: Recipe, run_dir: Path, reporter, resume: bool, force: bool, job: Job, world: World) -> dict:
-    if resume:
-        rundir.check_resume(run_dir, recipe)
-    else:
-        rundir.check_fresh(run_dir, force)
-    user_ids = list(users(recipe))
-    if job.wait_for_window():
+    user_ids = rundir.open_run(run_dir, recipe, resume, force, world, lambda: (list(users(recipe)), 0), job)
+    if user_ids is None:
         return {"stopped": job.signals.requested, "steps": 0}
-    world.barrier()
-    if world.is_main:
-        rundir.claim(run_dir, recipe, resume, 0)
-    world.barrier()
-    job.load(resume)
     for user_id in user_ids[world.rank::world.size]:
         sub_dir = run_dir / "users" / user_id
         if _finished_summary(sub_dir):

@@ -96,3 +96,21 @@ def _differing_keys(a, b, prefix: str = "") -> list[str]:
         keys = sorted(set(a) | set(b))
         return [k for key in keys for k in _differing_keys(a.get(key), b.get(key), f"{prefix}{key}.")]
     return [] if a == b else [prefix.rstrip(".")]
+
+
+def open_run(run_dir: Path, recipe: Recipe, resume: bool, force: bool, world, setup, job=None):
+    """The preamble of every run: check the dir (a resume, or a fresh run), wait for the overnight window when
+    this run owns its `job`, set up (`setup()` returns a value and the step the run starts at), then claim the
+    dir and load the job's totals. Nothing in run_dir changes before the claim. Returns setup's value, or None
+    when a signal ended the wait."""
+    check_resume(run_dir, recipe) if resume else check_fresh(run_dir, force)
+    if job is not None and job.wait_for_window():
+        return None
+    value, first_step = setup()
+    world.barrier()  # every rank has checked the run dir before rank 0 writes into it
+    if world.is_main:
+        claim(run_dir, recipe, resume, first_step)
+    world.barrier()
+    if job is not None:
+        job.load(resume)
+    return value

@@ -1,0 +1,201 @@
+"""A training run's context and the one-purpose hooks its step loop calls.
+
+The loop (engine.run_steps) only steps the trainer; everything else happens in hooks, called in list order:
+`at_start` once, `before_step` and `after_step` around each step, `at_end` once after the last. A hook
+changes the run only through `run.stopped`, `run.diverged` and what it writes. Only rank 0 gets the hooks
+that write (metrics log, periodic eval, checkpointer); every rank gets job control and the divergence stop,
+so all ranks leave the loop at the same step.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from ..errors import Diverged
+from ..evaluate import evaluate_questions, summary_row
+from ..model.load import LoadedModel
+from ..recipe import Recipe
+from .distributed import World
+from .job import Job
+from .resume import save_state
+from .trainer import Trainer
+
+
+class Reporter(Protocol):
+    def on_start(self, info: dict) -> None: ...
+    def on_step(self, row: dict) -> None: ...
+    def on_end(self, summary: dict) -> None: ...
+
+
+class SilentReporter:
+    """Ranks other than 0 show nothing."""
+
+    def on_start(self, info: dict) -> None:
+        pass
+
+    def on_step(self, row: dict) -> None:
+        pass
+
+    def on_end(self, summary: dict) -> None:
+        pass
+
+
+class MetricsLog:
+    """metrics.jsonl, appended; rows are strict JSON (a NaN or infinity is written as null: the row's reason says
+    what it was). Without a path (ranks other than 0) it writes nothing."""
+
+    def __init__(self, path: Path | None = None):
+        self.file = open(path, "a") if path is not None else None
+
+    def write(self, row: dict) -> None:
+        if self.file is not None:
+            clean = {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in row.items()}
+            self.file.write(json.dumps(clean) + "\n")
+            self.file.flush()
+
+    def close(self) -> None:
+        if self.file is not None:
+            self.file.close()
+
+
+@dataclass
+class Run:
+    """Everything one training run holds, from set-up to finish."""
+
+    recipe: Recipe
+    run_dir: Path
+    trainer: Trainer
+    loaded: LoadedModel
+    held_out: list  # questions for periodic eval and the before/after report
+    job: Job
+    reporter: Reporter
+    adapter_dir: Path
+    first_step: int = 0  # the checkpoint's step when resuming
+    wall_before: float = 0.0  # training seconds before this process (resumed runs)
+    notes: list[dict] = field(default_factory=list)  # checkpoints skipped as corrupt on resume
+    log: MetricsLog = field(default_factory=MetricsLog)  # metrics.jsonl on rank 0 (StepLog opens it)
+    done: int = 0  # steps finished
+    stopped: str | None = None  # why the run stopped early: a signal, window_end, max_minutes
+    diverged: Diverged | None = None  # raised after the finish when divergence.action is stop
+    started: float = field(default_factory=time.perf_counter)
+
+    @property
+    def world(self) -> World:
+        return self.trainer.world
+
+    def wall_time_s(self) -> float:
+        return self.wall_before + time.perf_counter() - self.started
+
+    def held_out_metrics(self) -> dict:
+        """Accuracy and macro-F1 on the held-out questions; the model goes back to training mode."""
+        _, metrics = evaluate_questions(self.loaded.model, self.loaded.tokenizer, self.held_out, self.recipe)
+        self.loaded.model.train()
+        return summary_row(metrics)
+
+
+class Hook:
+    def at_start(self, run: Run) -> None:
+        pass
+
+    def before_step(self, run: Run, step: int) -> None:
+        pass
+
+    def after_step(self, run: Run, row: dict) -> None:
+        pass
+
+    def at_end(self, run: Run) -> None:
+        pass
+
+
+class JobControl(Hook):
+    """Before each step: stop for a signal, the window's end or the time limit (all ranks agree), and pause while
+    the device is hotter than overnight.max_temp_c."""
+
+    def before_step(self, run: Run, step: int) -> None:
+        reason = run.job.stop_reason()
+        if run.world.size > 1 and run.world.any(reason is not None):
+            reason = reason or "another rank stopped"
+        if reason:
+            run.stopped = reason
+        elif pause := run.job.cool_down(run.trainer.backend):
+            run.log.write({"step": step, "event": "throttled", **pause})
+
+
+class StepLog(Hook):
+    """Rank 0: opens metrics.jsonl and writes the resume's notes; then every log_every-th row, the last and any with
+    an event, shown by the reporter too, and the backend's event rows beside them."""
+
+    def at_start(self, run: Run) -> None:
+        run.log = MetricsLog(run.run_dir / "metrics.jsonl")
+        for note in run.notes:
+            run.log.write(note)
+
+    def after_step(self, run: Run, row: dict) -> None:
+        cfg = run.recipe.train
+        if run.done % cfg.log_every == 0 or run.done == cfg.max_steps or "event" in row:
+            run.log.write(row)
+            run.reporter.on_step(row)
+        for note in run.trainer.take_notes():
+            run.log.write(note)
+
+    def at_end(self, run: Run) -> None:
+        run.log.close()
+
+
+class DivergenceStop(Hook):
+    """divergence.action=stop: a diverged step ends the run (checkpointed, then exit code 3)."""
+
+    def after_step(self, run: Run, row: dict) -> None:
+        if row.get("event") == "diverged" and run.recipe.divergence.action == "stop":
+            run.diverged = Diverged(f"training diverged at step {run.done}: {row['reason']}; the last good state "
+                                    f"is saved as checkpoints/step-{run.done}")
+
+
+class PeriodicEval(Hook):
+    """Rank 0, train.eval_every: eval_accuracy and eval_f1 rows every N steps and after the last."""
+
+    def after_step(self, run: Run, row: dict) -> None:
+        every, done = run.recipe.train.eval_every, run.done
+        if every and not run.diverged and (done % every == 0 or done == run.recipe.train.max_steps):
+            metrics = run.held_out_metrics()
+            run.log.write({"step": done, "eval_accuracy": metrics["accuracy"], "eval_f1": metrics["macro_f1"]})
+
+
+class Checkpointer(Hook):
+    """Rank 0: a checkpoint when `due`, when the run diverged, and when it stops at a step not yet saved."""
+
+    def __init__(self, save_every: int, max_steps: int):
+        self.save_every, self.max_steps = save_every, max_steps
+        self.saved_at: int | None = None
+
+    def due(self, done: int) -> bool:
+        return bool(self.save_every and done % self.save_every == 0) or done == self.max_steps
+
+    def at_start(self, run: Run) -> None:
+        self.saved_at = run.first_step  # a resumed run's checkpoint is already on disk
+
+    def after_step(self, run: Run, row: dict) -> None:
+        if self.due(run.done) or run.diverged:
+            self._save(run)
+
+    def at_end(self, run: Run) -> None:
+        if run.stopped and run.done != self.saved_at:
+            self._save(run)
+
+    def _save(self, run: Run) -> None:
+        save_state(run.run_dir, run.done, run.trainer, run.wall_time_s())
+        self.saved_at = run.done
+
+
+def hooks_for(run: Run) -> list[Hook]:
+    """Every rank controls the job and stops on divergence; rank 0 alone logs, evaluates and saves."""
+    shared = [JobControl(), DivergenceStop()]
+    if not run.world.is_main:
+        return shared
+    cfg = run.recipe.train
+    return [shared[0], StepLog(), shared[1], PeriodicEval(), Checkpointer(cfg.save_every, cfg.max_steps)]

@@ -1,0 +1,144 @@
+"""One optimizer step: grad_accum micro-batches, the method's hooks, the divergence guard, a metrics row."""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from ..backends import Backend
+from ..data.batching import BatchStream
+from ..errors import BadInput
+from ..methods import Method
+from ..model.losses import causal_lm_loss
+from ..recipe import DivergenceConfig
+from .distributed import SINGLE, World
+from .divergence import DivergenceGuard, GoodState, all_finite, scale_lr
+
+
+def target_tokens(batch: dict[str, torch.Tensor]) -> int:
+    return int((batch["labels"][:, 1:] != -100).sum())
+
+
+@dataclass
+class Trainer:
+    """One optimizer step per call: grad_accum micro-batches, loss normalised per target token of the step."""
+
+    model: torch.nn.Module
+    params: list[torch.nn.Parameter]
+    optimizer: torch.optim.Optimizer
+    lr_scheduler: torch.optim.lr_scheduler.LRScheduler
+    method: Method
+    batches: BatchStream  # .batch(index) -> dict of tensors; a pure function of index
+    backend: Backend
+    grad_accum: int
+    max_grad_norm: float
+    autocast: str
+    divergence: DivergenceConfig  # action, spike_factor, patience, lr_backoff
+    loss_fn: Callable = causal_lm_loss
+    world: World = SINGLE  # data parallel: the loss and the active block's gradients are summed over ranks
+
+    def __post_init__(self):
+        self.guard = DivergenceGuard(self.divergence.spike_factor, self.divergence.patience)
+        self.good = GoodState(self.params, self.optimizer, self.lr_scheduler, self.method)
+        self.notes: list[dict] = []  # event rows the backend raised (throttling, precision choice)
+
+    def step(self, step: int) -> dict:
+        """Run step number `step` (0-based) and return its metrics row."""
+        start = time.perf_counter()
+        self.backend.begin_step(step)
+        active = self.method.begin_step()
+        micro = [self._to_device(self.batches.batch(step * self.grad_accum + i)) for i in range(self.grad_accum)]
+        n_targets = max(self.world.total(sum(target_tokens(b) for b in micro)), 1)
+        lr = self.lr_scheduler.get_last_lr()[0]
+        if self.method.zeroth_order:
+            loss, grad_norm, problem, timing = self._zeroth_order_update(micro, n_targets, lr)
+        else:
+            loss, grad_norm, problem, timing = self._backprop_update(micro, n_targets, active)
+        outcome = self._handle(problem) if problem else {}
+        self.lr_scheduler.step()
+        self.backend.synchronize()
+        device_metrics, notes = self.backend.end_step()
+        self.notes += notes
+        elapsed = time.perf_counter() - start
+        tokens = int(self.world.total(sum(int(b["attention_mask"].sum()) for b in micro)))
+        return {
+            "step": step + 1, "loss": loss, "lr": lr, "grad_norm": grad_norm, "tokens": tokens,
+            "tokens_per_s": tokens / elapsed, "step_time_s": elapsed, "peak_mem_mb": self.backend.peak_mem_mb(),
+            "active_block": active, "method": self.method.name, **timing, **device_metrics, **outcome,
+        }
+
+    def _backprop_update(self, micro: list[dict], n_targets: int, active: int | None):
+        loss = torch.zeros((), device=self.backend.device)
+        forward_s = backward_s = 0.0
+        for batch in micro:
+            mark = time.perf_counter()
+            with self.backend.autocast(self.autocast):
+                summed = self.loss_fn(self.model, batch)
+            self.backend.synchronize()
+            forward_s += time.perf_counter() - mark
+            mark = time.perf_counter()
+            (summed / n_targets).backward()
+            self.backend.synchronize()
+            backward_s += time.perf_counter() - mark
+            loss += summed.detach()
+        loss = self.world.total(float(loss)) / n_targets
+        communicated = self.world.sync_grads(self.params)
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, self.max_grad_norm or math.inf))
+        self.method.after_backward(active, grad_norm)
+        problem = self.guard.check(loss, grad_norm)
+        if problem is None:
+            if self.guard.spikes == 0:
+                self.good.take()  # weights and moments that just gave a clean loss: the state to roll back to
+            self.method.before_optimizer_step(active)
+            self.optimizer.step()
+            if not all_finite(self.params):
+                problem = "the update made the weights non-finite"
+        self.optimizer.zero_grad(set_to_none=True)
+        return loss, grad_norm, problem, {"forward_s": forward_s, "backward_s": backward_s, **communicated}
+
+    def _zeroth_order_update(self, micro: list[dict], n_targets: int, lr: float):
+        def loss_at() -> float:
+            with self.backend.autocast(self.autocast):
+                return float(sum(self.loss_fn(self.model, batch) for batch in micro)) / n_targets
+
+        if self.guard.spikes == 0:
+            self.good.take()
+        loss, grad_norm = self.method.zeroth_order_step(loss_at, lr)
+        problem = self.guard.check(loss, grad_norm)
+        if problem is None and not all_finite(self.params):
+            problem = "the update made the weights non-finite"
+        return loss, grad_norm, problem, {}
+
+    def _handle(self, problem: str) -> dict:
+        """Apply the divergence action; the update of the offending step never stays in the weights."""
+        action = self.divergence.action
+        if action == "skip" and all_finite(self.params):
+            return {"event": "diverged", "reason": problem}
+        self.good.restore()
+        if action == "rollback":
+            scale_lr(self.optimizer, self.lr_scheduler, self.divergence.lr_backoff)
+            return {"event": "rollback", "reason": problem}
+        return {"event": "diverged", "reason": problem}
+
+    def state_dict(self) -> dict:
+        return {"guard": self.guard.state_dict(), "backend": self.backend.state_dict(), "world_size": self.world.size}
+
+    def load_state_dict(self, state: dict) -> None:
+        saved = state.get("world_size", 1)
+        if saved != self.world.size:
+            raise BadInput(f"--resume: the run was trained with {saved} process(es), this is {self.world.size}; "
+                           f"resume with --nproc {saved}")
+        self.guard.load_state_dict(state["guard"])
+        self.backend.load_state_dict(state["backend"])
+        self.good.reset()
+
+    def take_notes(self) -> list[dict]:
+        notes, self.notes = self.notes, []
+        return notes
+
+    def _to_device(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return {k: v.to(self.backend.device, non_blocking=True) for k, v in batch.items()}
