@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import math
 import statistics
 from collections import deque
@@ -13,19 +12,20 @@ WINDOW = 20  # good losses the spike test takes its running median over
 
 
 class GoodState:
-    """The last good training state in preallocated buffers: LoRA weights, AdamW moments and step counts
-    (one fused copy per step), plus the small LR-scheduler and method states and any optimizer state held as
-    plain numbers (bitsandbytes' AdamW8bit counts its steps in a Python int).
+    """The state to return to, in preallocated buffers: LoRA weights, AdamW moments and step counts (one fused
+    copy per step), plus optimizer state held as plain numbers (bitsandbytes' AdamW8bit counts its steps in a
+    Python int). The LR schedule and the method's block schedule are not part of it: they count steps with the
+    data, so after a rollback the cosine still ends at max_steps and the block order stays t mod K.
 
-    It is taken just before an update, once the step's loss proved the current weights sound, so a rollback
-    never lands on weights that no forward pass has checked."""
+    The trainer takes it just before an update whose loss was clean or opened a run of spikes, so a rollback or
+    skip lands before the run of spikes; at every checkpoint save and right after a resume, so a resumed run
+    returns to the same state as an uninterrupted one (never behind the last checkpoint)."""
 
-    def __init__(self, params: list[torch.nn.Parameter], optimizer, lr_scheduler, method):
-        self.params, self.optimizer, self.lr_scheduler, self.method = params, optimizer, lr_scheduler, method
+    def __init__(self, params: list[torch.nn.Parameter], optimizer):
+        self.params, self.optimizer = params, optimizer
         self.buffers: list[torch.Tensor] | None = None
         self.live: list[torch.Tensor] = []  # the tensors the buffers mirror (AdamW updates them in place)
         self.with_state: list[torch.nn.Parameter] = []
-        self.small: dict = {}
         self.number_keys: list[tuple] = []  # (parameter, state key) of optimizer state that is not a tensor
         self.numbers: list = []  # their values
 
@@ -48,8 +48,6 @@ class GoodState:
                                 if not torch.is_tensor(v)]
         else:
             torch._foreach_copy_(self.buffers, self.live)
-        self.small = copy.deepcopy({"lr_scheduler": self.lr_scheduler.state_dict(),
-                                    "method": self.method.state_dict()})
         self.numbers = [self.optimizer.state[p][k] for p, k in self.number_keys]  # empty for torch's AdamW
 
     def restore(self) -> None:
@@ -59,10 +57,6 @@ class GoodState:
         torch._foreach_copy_(self.live, self.buffers)
         for (p, key), value in zip(self.number_keys, self.numbers):
             self.optimizer.state[p][key] = value
-        base_lrs = self.lr_scheduler.base_lrs  # a rollback's learning-rate backoff outlives the rollback
-        self.lr_scheduler.load_state_dict(copy.deepcopy(self.small["lr_scheduler"]))
-        self.lr_scheduler.base_lrs = base_lrs
-        self.method.load_state_dict(copy.deepcopy(self.small["method"]))
 
 
 class DivergenceGuard:

@@ -189,6 +189,7 @@ class Checkpointer(Hook):
 
     def _save(self, run: Run) -> None:
         save_state(run.run_dir, run.done, run.trainer, run.wall_time_s())
+        run.trainer.good.take()  # what a run resumed from this checkpoint would hold: it rolls back alike
         self.saved_at = run.done
 
 

@@ -43,8 +43,9 @@ class Trainer:
 
     def __post_init__(self):
         self.guard = DivergenceGuard(self.divergence.spike_factor, self.divergence.patience)
-        self.good = GoodState(self.params, self.optimizer, self.lr_scheduler, self.method)
+        self.good = GoodState(self.params, self.optimizer)
         self.notes: list[dict] = []  # event rows the backend raised (throttling, precision choice)
+        self.suspect = False  # whether updates since the snapshot belong to the divergence being handled
 
     def step(self, step: int) -> dict:
         """Run step number `step` (0-based) and return its metrics row."""
@@ -89,14 +90,15 @@ class Trainer:
         communicated = self.world.sync_grads(self.params)
         grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, self.max_grad_norm or math.inf))
         self.method.after_backward(active, grad_norm)
+        self.suspect = self.guard.spikes > 0  # updates of a run of spikes are in the weights
         problem = self.guard.check(loss, grad_norm)
         if problem is None:
-            if self.guard.spikes == 0:
-                self.good.take()  # weights and moments that just gave a clean loss: the state to roll back to
+            if self.guard.spikes <= 1:
+                self.good.take()  # before a clean step's update or the first spiking one: the state to return to
             self.method.before_optimizer_step(active)
             self.optimizer.step()
             if not all_finite(self.params):
-                problem = "the update made the weights non-finite"
+                problem, self.suspect = "the update made the weights non-finite", True
         self.optimizer.zero_grad(set_to_none=True)
         return loss, grad_norm, problem, {"forward_s": forward_s, "backward_s": backward_s, **communicated}
 
@@ -107,6 +109,7 @@ class Trainer:
 
         if self.guard.spikes == 0:
             self.good.take()
+        self.suspect = True  # the update is applied before its loss is judged
         loss, grad_norm = self.method.zeroth_order_step(loss_at, lr)
         problem = self.guard.check(loss, grad_norm)
         if problem is None and not all_finite(self.params):
@@ -114,11 +117,13 @@ class Trainer:
         return loss, grad_norm, problem, {}
 
     def _handle(self, problem: str) -> dict:
-        """Apply the divergence action; the update of the offending step never stays in the weights."""
+        """Apply the divergence action. skip drops the updates the divergence made (a run of spikes, an update that
+        made the weights non-finite) by returning to the snapshot before them; a non-finite loss found before its
+        update leaves the weights as they are. rollback and stop always return to the snapshot, and rollback
+        scales the learning rate for the rest of the run. The LR and block schedules keep counting with the data."""
         action = self.divergence.action
-        if action == "skip" and all_finite(self.params):
-            return {"event": "diverged", "reason": problem}
-        self.good.restore()
+        if action != "skip" or self.suspect:
+            self.good.restore()
         if action == "rollback":
             scale_lr(self.optimizer, self.lr_scheduler, self.divergence.lr_backoff)
             return {"event": "rollback", "reason": problem}
