@@ -11,7 +11,6 @@ import torch
 from torch import nn
 
 from .errors import BadInput
-from .model.memory import make_optimizer
 from .recipe import LcsbConfig, Recipe, get_key
 from .selective import BlockSchedule, IdleMomentum, SelectiveLayers, partition
 
@@ -171,6 +170,16 @@ def check_layer_counts(recipe: Recipe, num_layers: int) -> None:
     key = {"lcsb": "lcsb.blocks", "freeze": "freeze.layers", "lisa": "lisa.layers"}.get(recipe.method)
     if key and get_key(recipe, key) > num_layers:
         raise BadInput(f"{key}: {get_key(recipe, key)} is more than the model's {num_layers} decoder layers")
+
+
+def make_optimizer(kind: str, params: list[nn.Parameter], lr: float, weight_decay: float) -> torch.optim.Optimizer:
+    """train.optimizer: torch's AdamW, or bitsandbytes' AdamW8bit (the same update with both moments stored
+    block-wise in 8 bits: 2 bytes a parameter instead of 8; tensors under 4096 values keep 32-bit moments)."""
+    if kind == "adamw8bit":
+        import bitsandbytes as bnb
+
+        return bnb.optim.AdamW8bit(params, lr=lr, weight_decay=weight_decay)
+    return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
 
 
 def build_method(recipe: Recipe, model: nn.Module, layers: nn.ModuleList,

@@ -9,10 +9,9 @@ from helpers import LAMP2, adapter_tensors, assert_same_tensors, run_train
 
 from lcsb_cli.backends import CpuBackend
 from lcsb_cli.data import build_train_batches
-from lcsb_cli.methods import FullBackprop
+from lcsb_cli.methods import FullBackprop, make_optimizer
 from lcsb_cli.model.load import load_model, lora_parameters
 from lcsb_cli.model.losses import causal_lm_loss
-from lcsb_cli.model.memory import make_optimizer
 from lcsb_cli.recipe import load_recipe
 from lcsb_cli.run.rundir import read_metrics
 from lcsb_cli.run.trainer import Trainer

@@ -14,6 +14,7 @@ from safetensors.torch import load_file
 
 from lcsb_cli.data import build_train_batches
 from lcsb_cli.errors import BadInput
+from lcsb_cli.methods import make_optimizer
 from lcsb_cli.model import load as models
 from lcsb_cli.model import losses, memory, streamed
 from lcsb_cli.model.load import load_model
@@ -190,7 +191,7 @@ def test_8bit_adamw_keeps_a_quarter_of_the_state_and_moves_like_adamw():
     state_bytes, moved = {}, {}
     for kind in ("adamw", "adamw8bit"):
         param = torch.nn.Parameter(torch.ones(64, 1024))
-        optimizer = memory.make_optimizer(kind, [param], lr=1e-2, weight_decay=0.0)
+        optimizer = make_optimizer(kind, [param], lr=1e-2, weight_decay=0.0)
         for step in range(3):
             param.grad = torch.randn(64, 1024, generator=torch.Generator().manual_seed(step))
             optimizer.step()

@@ -1,4 +1,4 @@
-"""Memory-lean training settings and their measurement: allocator and kernel-cache settings, an 8-bit optimizer,
+"""Memory-lean training settings and their measurement: allocator and kernel-cache settings
 and the peak-RSS breakdown of summary.json and the bench."""
 
 from __future__ import annotations
@@ -54,16 +54,6 @@ def limit_kernel_caches(entries: int) -> None:
     if entries > 0:
         os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", str(entries))
         os.environ.setdefault("LRU_CACHE_CAPACITY", str(entries))
-
-
-def make_optimizer(kind: str, params: list[nn.Parameter], lr: float, weight_decay: float) -> torch.optim.Optimizer:
-    """train.optimizer: torch's AdamW, or bitsandbytes' AdamW8bit (the same update with both moments stored
-    block-wise in 8 bits: 2 bytes a parameter instead of 8; tensors under 4096 values keep 32-bit moments)."""
-    if kind == "adamw8bit":
-        import bitsandbytes as bnb
-
-        return bnb.optim.AdamW8bit(params, lr=lr, weight_decay=weight_decay)
-    return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
 
 
 class LiveBytes(TorchDispatchMode):
