@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import time
 from pathlib import Path
 
 import torch
@@ -95,7 +96,7 @@ def run_steps(run: Run, hooks: list[Hook]) -> None:
     """Step until max_steps, a stop (signal, window end, time limit) or a divergence that stops the run."""
     run.trainer.good.take()
     run.loaded.model.train()
-    run.done = run.first_step
+    run.done, run.started = run.first_step, time.perf_counter()
     for hook in hooks:
         hook.at_start(run)
     for step in range(run.first_step, run.recipe.train.max_steps):

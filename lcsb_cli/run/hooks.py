@@ -3,8 +3,8 @@
 The loop (engine.run_steps) only steps the trainer; everything else happens in hooks, called in list order:
 `at_start` once, `before_step` and `after_step` around each step, `at_end` once after the last. A hook
 changes the run only through `run.stopped`, `run.diverged` and what it writes. Only rank 0 gets the hooks
-that write (metrics log, periodic eval, checkpointer); every rank gets job control and the divergence stop,
-so all ranks leave the loop at the same step.
+that write (metrics log, periodic eval) and writes checkpoints; every rank gets job control, the divergence stop
+and the checkpoint rule, so all ranks leave the loop, and snapshot for a rollback, at the same steps.
 """
 
 from __future__ import annotations
@@ -82,7 +82,7 @@ class Run:
     done: int = 0  # steps finished
     stopped: str | None = None  # why the run stopped early: a signal, window_end, max_minutes
     diverged: Diverged | None = None  # raised after the finish when divergence.action is stop
-    started: float = field(default_factory=time.perf_counter)
+    started: float = 0.0  # perf_counter when the loop started (run_steps sets it)
 
     @property
     def world(self) -> World:
@@ -167,10 +167,11 @@ class PeriodicEval(Hook):
 
 
 class Checkpointer(Hook):
-    """Rank 0: a checkpoint when `due`, when the run diverged, and when it stops at a step not yet saved."""
+    """A checkpoint when `due`, when the run diverged, and when it stops at a step not yet saved. Every rank
+    keeps the rule, so all take the divergence snapshot at the same steps; only rank 0 (`writes`) saves."""
 
-    def __init__(self, save_every: int, max_steps: int):
-        self.save_every, self.max_steps = save_every, max_steps
+    def __init__(self, save_every: int, max_steps: int, writes: bool):
+        self.save_every, self.max_steps, self.writes = save_every, max_steps, writes
         self.saved_at: int | None = None
 
     def due(self, done: int) -> bool:
@@ -188,15 +189,18 @@ class Checkpointer(Hook):
             self._save(run)
 
     def _save(self, run: Run) -> None:
-        save_state(run.run_dir, run.done, run.trainer, run.wall_time_s())
-        run.trainer.good.take()  # what a run resumed from this checkpoint would hold: it rolls back alike
+        if self.writes:
+            save_state(run.run_dir, run.done, run.trainer, run.wall_time_s())
         self.saved_at = run.done
+        if run.done < self.max_steps and not (run.stopped or run.diverged):
+            run.trainer.good.take()  # what a run resumed here snapshots: both roll back to the same state
 
 
 def hooks_for(run: Run) -> list[Hook]:
-    """Every rank controls the job and stops on divergence; rank 0 alone logs, evaluates and saves."""
-    shared = [JobControl(), DivergenceStop()]
-    if not run.world.is_main:
-        return shared
-    cfg = run.recipe.train
-    return [shared[0], StepLog(), shared[1], PeriodicEval(), Checkpointer(cfg.save_every, cfg.max_steps)]
+    """Every rank controls the job, stops on divergence and keeps the checkpoint rule; rank 0 alone logs,
+    evaluates and writes checkpoints."""
+    cfg, main = run.recipe.train, run.world.is_main
+    checkpointer = Checkpointer(cfg.save_every, cfg.max_steps, writes=main)
+    if not main:
+        return [JobControl(), DivergenceStop(), checkpointer]
+    return [JobControl(), StepLog(), DivergenceStop(), PeriodicEval(), checkpointer]
