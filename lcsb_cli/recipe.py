@@ -56,7 +56,7 @@ class NpuSimConfig:
 
 @dataclass
 class DataConfig:
-    format: str = "lamp2"  # lamp2 (LaMP-2 JSON) | jsonl (phone-collected labels: id, text, label, timestamp)
+    format: str = "lamp2"  # lamp2 (LaMP-2 JSON) | jsonl (phone labels) | text | completion | chat (see data/lm.py)
     train: str | None = None
     train_labels: str | None = None
     eval: str | None = None
@@ -64,8 +64,8 @@ class DataConfig:
     max_length: int = 256
     profile_k: int = 0  # prepend the k most relevant profile items (BM25) to each question
     user: str | None = None  # train/evaluate one user's adapter (a user id), or one adapter per user (all)
-    eval_fraction: float = 0.2  # jsonl: the newest fraction of the items is held out for evaluation
-    on_bad_line: str = "error"  # jsonl: error (stop, naming the line) | skip (count it in the report)
+    eval_fraction: float = 0.2  # held out without data.eval: jsonl the newest items, text/completion/chat a seeded draw
+    on_bad_line: str = "error"  # jsonl, text, completion, chat: error (stop, naming the line) | skip (count it)
     labels: list[str] | None = None  # jsonl: the label set; null infers it from the data
 
 
@@ -90,7 +90,7 @@ class TrainConfig:
     seed: int = 0
     log_every: int = 1
     save_every: int = 50  # 0: only at the end
-    eval_every: int = 0  # log eval_accuracy / eval_f1 rows every N steps; 0: never
+    eval_every: int = 0  # log held-out metrics (eval_loss, eval_accuracy, ...) every N steps; 0: never
     autocast: str = "none"
     threads: int = 0  # torch intra-op threads; 0 keeps torch's default
     optimizer: str = "adamw"  # adamw (torch, fp32 moments) | adamw8bit (bitsandbytes, block-wise 8-bit moments)
@@ -169,7 +169,7 @@ CHOICES = {
     "backend": ("cpu", "cuda", "npu-sim"),
     "npu_sim.weights": ("fp16", "int8", "int4"),
     "npu_sim.precision": ("auto", "fp16", "fp32"),
-    "data.format": ("lamp2", "jsonl"),
+    "data.format": ("lamp2", "jsonl", "text", "completion", "chat"),
     "data.on_bad_line": ("error", "skip"),
     "train.lr_scheduler": ("cosine", "linear", "constant"),
     "train.autocast": ("none", "bf16"),
@@ -180,14 +180,15 @@ CHOICES = {
 }
 MINIMUMS = {
     "lora.rank": 1, "lcsb.blocks": 1, "data.max_length": 16, "train.max_steps": 1, "train.batch_size": 1,
-    "train.grad_accum": 1, "train.warmup_steps": 0, "train.log_every": 1, "train.save_every": 0,
-    "train.threads": 0, "train.eval_every": 0, "data.profile_k": 0, "eval.batch_size": 1,
-    "eval.max_new_tokens": 1, "divergence.spike_factor": 1.0, "divergence.patience": 1,
-    "divergence.lr_backoff": 0.0, "freeze.layers": 1, "lisa.layers": 1, "lisa.interval": 1, "lora.dropout": 0.0, "train.weight_decay": 0.0, "train.max_grad_norm": 0.0,
-    "npu_sim.calibration_steps": 1, "npu_sim.fp32_threshold": 0.0,
-    "overnight.max_minutes": 0.0, "overnight.max_temp_c": 0.0, "memory.malloc_mmap_threshold_kb": 0,
-    "memory.kernel_cache": 0,
+    "train.grad_accum": 1, "train.warmup_steps": 0, "train.log_every": 1, "train.save_every": 0, "train.threads": 0,
+    "train.eval_every": 0, "data.profile_k": 0, "eval.batch_size": 1, "eval.max_new_tokens": 1,
+    "divergence.spike_factor": 1.0, "divergence.patience": 1, "divergence.lr_backoff": 0.0, "freeze.layers": 1,
+    "lisa.layers": 1, "lisa.interval": 1, "lora.dropout": 0.0, "train.weight_decay": 0.0, "train.max_grad_norm": 0.0,
+    "npu_sim.calibration_steps": 1, "npu_sim.fp32_threshold": 0.0, "overnight.max_minutes": 0.0,
+    "overnight.max_temp_c": 0.0, "memory.malloc_mmap_threshold_kb": 0, "memory.kernel_cache": 0,
 }
+DATA_FILES = {"jsonl": "phone-collected labels, one JSON object a line", "text": ".txt or JSONL {\"text\"}",
+              "completion": "JSONL {\"prompt\", \"completion\"}", "chat": "JSONL {\"messages\"}"}
 PATH_KEYS = ("data.train", "data.train_labels", "data.eval", "data.eval_labels")
 NAME_OR_PATH_KEYS = ("model.name", "npu_sim.device")  # a built-in name, or a path (a "/" in it, or a .gguf file)
 
@@ -225,8 +226,7 @@ def recipe_from_dict(raw: dict, source: str = "config.yaml") -> Recipe:
     return recipe
 
 
-def to_dict(recipe: Recipe) -> dict:
-    return dataclasses.asdict(recipe)
+to_dict = dataclasses.asdict
 
 
 def dump(recipe: Recipe) -> str:
@@ -249,24 +249,22 @@ def validate(recipe: Recipe) -> None:
     for key in ("lora.alpha", "mezo.eps", "mezo.lr", "train.lr"):
         if get_key(recipe, key) <= 0:
             raise BadInput(f"{key}: {get_key(recipe, key)} must be positive")
-    if recipe.backend == "npu-sim" and recipe.quantization != "none":
-        raise BadInput("quantization: npu-sim keeps its own resident weights (npu_sim.weights); set quantization=none")
-    if recipe.backend == "npu-sim" and recipe.train.autocast != "none":
-        raise BadInput("train.autocast: npu-sim sets the products' precision itself (npu_sim.precision); "
-                       "set train.autocast=none")
+    if recipe.backend == "npu-sim" and (recipe.quantization, recipe.train.autocast) != ("none", "none"):
+        raise BadInput("quantization, train.autocast: npu-sim keeps its own resident weights and product precision "
+                       "(npu_sim.weights, npu_sim.precision); set quantization=none and train.autocast=none")
     _validate_memory(recipe)
     if not recipe.lora.targets:
         raise BadInput("lora.targets: name at least one module, e.g. [q_proj, v_proj]")
-    if recipe.data.format == "jsonl":
-        _validate_jsonl(recipe.data)
+    if recipe.data.format in DATA_FILES:
+        _validate_data_file(recipe.data)
     elif recipe.data.train is None and recipe.data.user is None:
         raise BadInput("data.train: no training file given (a LaMP-2 *_questions.json)")
+    elif recipe.data.user is not None and recipe.data.eval is None:
+        raise BadInput("data.eval: per-user runs (data.user) need the users' questions file")
     if recipe.overnight.report and recipe.data.user == "all":
         raise BadInput("overnight.report: per-user runs are reported by `lcsb eval RUN_DIR`; set it false")
     if recipe.overnight.window is not None:
         parse_window(recipe.overnight.window)
-    if recipe.data.format == "lamp2" and recipe.data.user is not None and recipe.data.eval is None:
-        raise BadInput("data.eval: per-user runs (data.user) need the users' questions file")
 
 
 def _validate_memory(recipe: Recipe) -> None:
@@ -282,13 +280,16 @@ def _validate_memory(recipe: Recipe) -> None:
         raise BadInput("memory.embedding: a 4-bit embedding / LM head needs memory.streamed_load=true")
 
 
-def _validate_jsonl(data: DataConfig) -> None:
+def _validate_data_file(data: DataConfig) -> None:
+    """jsonl, text, completion, chat: one training file, one adapter, held out by data.eval or data.eval_fraction."""
     if data.train is None:
-        raise BadInput("data.train: no file given (the phone-collected labels, one JSON object a line)")
-    if data.user == "all":
-        raise BadInput("data.user: 'all' is for LaMP-2; a jsonl file is one phone's data (give a user id or null)")
-    if not 0 < data.eval_fraction < 1:
-        raise BadInput(f"data.eval_fraction: {data.eval_fraction} must be between 0 and 1 (the newest items held out)")
+        raise BadInput(f"data.train: no file given (format {data.format}: {DATA_FILES[data.format]})")
+    if data.user == "all" or (data.user is not None and data.format != "jsonl"):
+        raise BadInput(f"data.user: per-user runs are for LaMP-2; a {data.format} file trains one adapter (set null)")
+    if (data.format == "jsonl" or data.eval is None) and not 0 < data.eval_fraction < 1:
+        raise BadInput(f"data.eval_fraction: {data.eval_fraction} must be between 0 and 1 (the share held out)")
+    if data.format != "jsonl" and (data.labels, data.train_labels, data.eval_labels) != (None, None, None):
+        raise BadInput(f"data.format: {data.format} has no labels; remove data.labels, train_labels, eval_labels")
 
 
 def replace_key(recipe: Recipe, dotted: str, value) -> Recipe:

@@ -116,12 +116,17 @@ def _flat(data: dict, prefix: str = ""):
             yield f"{prefix}{key}", value
 
 
+EVAL_COLUMNS = {"accuracy": "accuracy", "macro_f1": "macro-F1", "majority_accuracy": "majority accuracy",
+                "out_of_label": "out of label", "exact_match": "exact match", "rouge1": "ROUGE-1", "rougeL": "ROUGE-L",
+                "loss": "loss", "perplexity": "perplexity"}
+
+
 def eval_table(result: dict) -> Table:
-    title = f"LaMP-2 eval ({result['mode']}, {result['n']} questions)"
-    table = Table(title=title)
-    for column in ("accuracy", "macro-F1", "majority accuracy", "out of label"):
-        table.add_column(column, justify="right")
-    table.add_row(f"{result['accuracy']:.4f}", f"{result['macro_f1']:.4f}", f"{result['majority_accuracy']:.4f}",
-                  str(result["out_of_label"]))
+    mode = f"{result['mode']}, " if result["format"] in ("lamp2", "jsonl") else ""
+    table = Table(title=f"{result['task']} eval ({mode}{result['n']} held-out items)")
+    shown = [key for key in EVAL_COLUMNS if key in result]
+    for key in shown:
+        table.add_column(EVAL_COLUMNS[key], justify="right")
+    table.add_row(*(str(result[key]) if isinstance(result[key], int) else f"{result[key]:.4f}" for key in shown))
     return table
 

@@ -25,6 +25,9 @@ from transformers import PreTrainedTokenizerFast  # noqa: E402
 from lcsb_cli.data.synthetic import corpus_lines  # noqa: E402
 
 SPECIAL = ["<|endoftext|>", "<|pad|>"]
+# A plain-text chat layout (the vocabulary has no chat tokens): each turn ends with EOS, so a reply stops there.
+CHAT_TEMPLATE = ("{% for message in messages %}<|{{ message['role'] }}|>\n{{ message['content'] }}<|endoftext|>\n"
+                 "{% endfor %}{% if add_generation_prompt %}<|assistant|>\n{% endif %}")
 
 
 def train(lines: list[str]) -> Tokenizer:
@@ -46,7 +49,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     fast = PreTrainedTokenizerFast(
         tokenizer_object=train(corpus_lines(args.seed)), eos_token=SPECIAL[0], pad_token=SPECIAL[1],
-        padding_side="right", model_max_length=4096,
+        padding_side="right", model_max_length=4096, chat_template=CHAT_TEMPLATE,
     )
     fast.save_pretrained(args.out)
     print(f"wrote {args.out} (vocab {len(fast)})")

@@ -19,7 +19,8 @@ from lcsb_cli.data.lamp2 import (
     retrieve_profile,
 )
 from lcsb_cli.data.synthetic import write_lamp2_sample
-from lcsb_cli.evaluate import _answer_logprobs, lamp2_metrics, majority_accuracy, run_eval, score_tags
+from lcsb_cli.evaluate import run_eval
+from lcsb_cli.evaluate.labels import _answer_logprobs, lamp2_metrics, majority_accuracy, score_tags
 from lcsb_cli.model.load import inference_mode, load_model
 from lcsb_cli.recipe import load_recipe
 

@@ -15,7 +15,7 @@ LAYERS = [  # a module may import modules of its own layer or of lower ones; a m
     {"recipe"},
     {"methods", "model", "data", "backends", "report", "run.checkpoint", "run.distributed", "run.divergence",
      "run.summary"},
-    {"run", "evaluate", "bench"},
+    {"run", "evaluate", "bench", "generate"},
     {"cli", "__main__"},
 ]
 

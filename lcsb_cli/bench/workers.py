@@ -99,8 +99,9 @@ def hf_trainer_worker(conn, recipe_dict: dict, bf16: bool, total: int) -> None:
 
 
 def _evaluate(model, tokenizer, recipe) -> dict:
-    from ..data import eval_questions
-    from ..evaluate import evaluate_questions, summary_row
+    from ..data import load_task
+    from ..evaluate import evaluate_items, summary_row
 
-    _, metrics = evaluate_questions(model, tokenizer, eval_questions(recipe), recipe)
+    task = load_task(recipe, tokenizer)
+    _, metrics = evaluate_items(model, tokenizer, task.need_held_out(), recipe, task.labels)
     return summary_row(metrics)

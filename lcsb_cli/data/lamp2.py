@@ -149,7 +149,7 @@ def _ids(tokenizer: Any, text: str) -> list[int]:
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
-def _bos(tokenizer: Any) -> list[int]:
+def bos_ids(tokenizer: Any) -> list[int]:
     bos = tokenizer.bos_token_id
     return [bos] if bos is not None and list(tokenizer("")["input_ids"])[:1] == [bos] else []
 
@@ -174,7 +174,7 @@ def encode_example(
     head = _ids(tokenizer, question_input[:cut])
     tail = _ids(tokenizer, ANSWER_CUE)
     answer = [] if target is None else _ids(tokenizer, " " + target) + [tokenizer.eos_token_id]
-    bos = _bos(tokenizer)
+    bos = bos_ids(tokenizer)
     fixed = len(bos) + len(head) + len(tail) + len(answer)
     if fixed > max_length:
         raise BadInput(

@@ -110,7 +110,8 @@ def materialize_preset(name: str, dtype: str = "float32") -> Path:
     if "gguf" in spec:
         return gguf_in.converted_checkpoint(preset_gguf_file(name, spec["gguf"]), DTYPES[dtype], cache_root() / "gguf")
     tokenizer_dir = TOKENIZER_DIR / spec["tokenizer"]
-    digest = hashlib.sha256((spec_text + (tokenizer_dir / "tokenizer.json").read_text()).encode()).hexdigest()
+    tokenizer_text = "".join((tokenizer_dir / name).read_text() for name in ("tokenizer.json", "tokenizer_config.json"))
+    digest = hashlib.sha256((spec_text + tokenizer_text).encode()).hexdigest()
     target = cache_root() / "presets" / f"{name}-{digest[:12]}"
     if (target / "config.json").is_file():
         return target

@@ -11,7 +11,7 @@ from transformers import get_scheduler
 
 from ..atomic import write_json_atomic
 from ..backends import get_backend
-from ..data import build_train_batches, eval_questions, train_questions
+from ..data import build_train_batches, load_task
 from ..errors import BadInput
 from ..methods import build_method, check_layer_counts
 from ..model.load import load_model, lora_parameters
@@ -47,9 +47,9 @@ def train(recipe: Recipe, run_dir: Path, reporter: Reporter, resume: bool = Fals
 
 def _train(recipe, run_dir, reporter, resume, force, adapter_dir, job, world, owner) -> dict:
     def setup() -> tuple[Run, int]:
-        trainer, loaded, held_out = build_trainer(recipe, world)
+        trainer, loaded, task = build_trainer(recipe, world)
         first_step, wall_before, notes = resume_state(run_dir, trainer) if resume else (0, 0.0, [])
-        run = Run(recipe, run_dir, trainer, loaded, held_out, job, reporter, adapter_dir or run_dir / "adapter",
+        run = Run(recipe, run_dir, trainer, loaded, task, job, reporter, adapter_dir or run_dir / "adapter",
                   first_step, wall_before, notes)
         return run, first_step
 
@@ -70,8 +70,8 @@ def _train(recipe, run_dir, reporter, resume, force, adapter_dir, job, world, ow
 
 
 def build_trainer(recipe: Recipe, world: World = SINGLE):
-    """Set up in dependency order: threads and seed, backend, model, data (this rank's shard), the method with its
-    optimizer (built over all LoRA parameters before any block is frozen), LR schedule."""
+    """Set up in dependency order: threads and seed, backend, model, data (loaded once; this rank's shard), the
+    method with its optimizer (built over all LoRA parameters before any block is frozen), LR schedule."""
     if recipe.train.threads:
         torch.set_num_threads(recipe.train.threads)
     torch.manual_seed(recipe.train.seed)
@@ -80,8 +80,10 @@ def build_trainer(recipe: Recipe, world: World = SINGLE):
         loaded = load_model(recipe, backend.device)
     check_layer_counts(recipe, len(loaded.layers))
     backend.prepare(loaded)
-    batches = build_train_batches(recipe, loaded.tokenizer, train_questions(recipe), (world.rank, world.size))
-    held_out = eval_questions(recipe) if recipe.train.eval_every or recipe.overnight.report else []
+    task = load_task(recipe, loaded.tokenizer)
+    if recipe.train.eval_every or recipe.overnight.report:
+        task.need_held_out()
+    batches = build_train_batches(recipe, loaded.tokenizer, task, (world.rank, world.size))
     params = lora_parameters(loaded.model)
     method, optimizer = build_method(recipe, loaded.model, loaded.layers, params)
     lr_scheduler = get_scheduler(recipe.train.lr_scheduler, optimizer, num_warmup_steps=recipe.train.warmup_steps,
@@ -89,7 +91,7 @@ def build_trainer(recipe: Recipe, world: World = SINGLE):
     trainer = Trainer(loaded.model, params, optimizer, lr_scheduler, method, batches, backend, recipe.train.grad_accum,
                       recipe.train.max_grad_norm, recipe.train.autocast, recipe.divergence,
                       functools.partial(causal_lm_loss, probe=loaded.probe), world)
-    return trainer, loaded, held_out
+    return trainer, loaded, task
 
 
 def run_steps(run: Run, hooks: list[Hook]) -> None:
@@ -133,7 +135,7 @@ def _finish(run: Run) -> dict:
     if run.recipe.overnight.report:
         signalled = run.stopped in ("SIGTERM", "SIGINT")  # asked to go: exit now, evaluate when the run finishes
         after = None if signalled else run.held_out_metrics()
-        write_report(run.run_dir, run.recipe, run.job.state, summary, after, run.adapter_dir)
+        write_report(run.run_dir, run.recipe, run.job.state, summary, after, run.adapter_dir, run.task.skipped)
     return summary
 
 

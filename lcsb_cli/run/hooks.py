@@ -16,8 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from ..data import TaskData
 from ..errors import Diverged
-from ..evaluate import evaluate_questions, summary_row
+from ..evaluate import evaluate_items, summary_row
 from ..model.load import LoadedModel
 from ..recipe import Recipe
 from .distributed import World
@@ -71,7 +72,7 @@ class Run:
     run_dir: Path
     trainer: Trainer
     loaded: LoadedModel
-    held_out: list  # questions for periodic eval and the before/after report
+    task: TaskData  # training and held-out items (periodic eval, the before/after report)
     job: Job
     reporter: Reporter
     adapter_dir: Path
@@ -92,8 +93,9 @@ class Run:
         return self.wall_before + time.perf_counter() - self.started
 
     def held_out_metrics(self) -> dict:
-        """Accuracy and macro-F1 on the held-out questions; the model goes back to training mode."""
-        _, metrics = evaluate_questions(self.loaded.model, self.loaded.tokenizer, self.held_out, self.recipe)
+        """The held-out metrics (summary_row); the model goes back to training mode."""
+        _, metrics = evaluate_items(self.loaded.model, self.loaded.tokenizer, self.task.held_out, self.recipe,
+                                    self.task.labels)
         self.loaded.model.train()
         return summary_row(metrics)
 
@@ -157,13 +159,18 @@ class DivergenceStop(Hook):
 
 
 class PeriodicEval(Hook):
-    """Rank 0, train.eval_every: eval_accuracy and eval_f1 rows every N steps and after the last."""
+    """Rank 0, train.eval_every: a row of held-out metrics every N steps and after the last (eval_loss,
+    eval_perplexity; eval_accuracy and eval_f1 for classification; eval_exact_match, eval_rouge1 and eval_rougeL
+    for completion and chat)."""
+
+    NAMES = {"loss": "eval_loss", "perplexity": "eval_perplexity", "accuracy": "eval_accuracy", "macro_f1": "eval_f1",
+             "exact_match": "eval_exact_match", "rouge1": "eval_rouge1", "rougeL": "eval_rougeL"}
 
     def after_step(self, run: Run, row: dict) -> None:
         every, done = run.recipe.train.eval_every, run.done
         if every and not run.diverged and (done % every == 0 or done == run.recipe.train.max_steps):
             metrics = run.held_out_metrics()
-            run.log.write({"step": done, "eval_accuracy": metrics["accuracy"], "eval_f1": metrics["macro_f1"]})
+            run.log.write({"step": done, **{name: metrics[key] for key, name in self.NAMES.items() if key in metrics}})
 
 
 class Checkpointer(Hook):

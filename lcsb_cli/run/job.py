@@ -114,13 +114,10 @@ def owned_job(recipe, run_dir: Path):
 
 
 def write_report(run_dir: Path, recipe, state: dict, summary: dict, eval_after: dict | None,
-                 adapter_dir: Path) -> dict:
+                 adapter_dir: Path, skipped: list[tuple[int, str]]) -> dict:
     """The morning report: report.json and the same as report.md (`eval_after` is None after a signal: the job
     exits at once and the run's next finish evaluates)."""
     from ..atomic import write_text_atomic
-    from ..data import personal_data
-
-    skipped = personal_data(recipe).skipped if recipe.data.format == "jsonl" else []
     report = {
         "steps": summary["steps"], "max_steps": recipe.train.max_steps, "finished": not summary.get("stopped"),
         "stopped": summary.get("stopped"), "wall_time_s": summary["wall_time_s"],
@@ -136,6 +133,7 @@ def write_report(run_dir: Path, recipe, state: dict, summary: dict, eval_after: 
 
 def report_markdown(report: dict, recipe) -> str:
     before, after = report["eval_before"], report["eval_after"]
+    keys = [k for k in ("accuracy", "macro_f1", "exact_match", "rouge1", "rougeL", "loss", "perplexity") if k in before]
     status = "finished" if report["finished"] else f"stopped ({report['stopped']}); continue with --resume"
     lines = [
         f"# Overnight report: {recipe.name}", "",
@@ -145,10 +143,10 @@ def report_markdown(report: dict, recipe) -> str:
         f"- interruptions: {len(report['interruptions'])}; resumes: {report['resumes']}",
         f"- data lines skipped: {report['lines_skipped']}",
         f"- adapter: {report['adapter']}", "",
-        "| held-out newest items | accuracy | macro-F1 |", "| --- | --- | --- |",
-        f"| before training | {before['accuracy']:.3f} | {before['macro_f1']:.3f} |",
-        f"| after training | {after['accuracy']:.3f} | {after['macro_f1']:.3f} |" if after else
-        "| after training | not evaluated: stopped by a signal | |",
+        "| held-out items | " + " | ".join(keys) + " |", "|" + " --- |" * (len(keys) + 1),
+        "| before training | " + " | ".join(f"{before[k]:.3f}" for k in keys) + " |",
+        "| after training | " + " | ".join(f"{after[k]:.3f}" for k in keys) + " |" if after else
+        "| after training | not evaluated: stopped by a signal |" + " |" * (len(keys) - 1),
     ]
     lines += [""] * bool(report["interruptions"])
     lines += [f"- interrupted at step {i['step']} by {i['reason']} ({i['at']})" for i in report["interruptions"]]

@@ -1,17 +1,17 @@
-"""LaMP-2 evaluation: predictions by tag likelihood or greedy decoding, metrics as LaMP computes them."""
+"""Classification (LaMP-2, labelled jsonl): predictions by tag likelihood or greedy decoding, metrics as LaMP
+computes them."""
 
 from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-from .data.lamp2 import TAGS, LampQuestion, encode_example, retrieve_profile, split_input
-from .model.load import inference_mode
-from .recipe import Recipe
+from ..data.lamp2 import TAGS, LampQuestion, encode_example, retrieve_profile, split_input
+from ..model.load import inference_mode
+from ..recipe import Recipe
 
 
 def lamp2_metrics(golds: Sequence[str], preds: Sequence[str], labels: Sequence[str] = TAGS) -> dict:
@@ -44,14 +44,6 @@ def majority_accuracy(train_golds: Sequence[str], eval_golds: Sequence[str]) -> 
     """Accuracy of always answering the most frequent training tag."""
     majority = Counter(train_golds).most_common(1)[0][0]
     return sum(g == majority for g in eval_golds) / len(eval_golds)
-
-
-def task_name(recipe: Recipe) -> str:
-    return "LaMP_2" if recipe.data.format == "lamp2" else "personal"
-
-
-def predictions_file(questions: Sequence[LampQuestion], preds: Sequence[str], task: str = "LaMP_2") -> dict:
-    return {"task": task, "golds": [{"id": q.id, "output": p} for q, p in zip(questions, preds)]}
 
 
 def predict(model, tokenizer, questions: Sequence[LampQuestion], recipe: Recipe) -> list[str]:
@@ -129,69 +121,3 @@ def generate_tags(model, tokenizer, questions, prompts, recipe, device) -> list[
     )
     texts = tokenizer.batch_decode(out[:, width:], skip_special_tokens=True)
     return [text.split("\n", 1)[0].strip() for text in texts]
-
-
-def evaluate_questions(model, tokenizer, questions: Sequence[LampQuestion], recipe: Recipe):
-    from .data import label_set
-
-    preds = predict(model, tokenizer, questions, recipe)
-    return preds, lamp2_metrics([q.output for q in questions], preds, label_set(recipe))
-
-
-def summary_row(metrics: dict) -> dict:
-    return {k: metrics[k] for k in ("n", "accuracy", "macro_f1", "out_of_label")}
-
-
-def write_results(output: Path, result: dict, predictions: dict) -> None:
-    from .atomic import write_json_atomic
-
-    output.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(output / "eval.json", result)
-    write_json_atomic(output / "predictions.json", predictions)
-
-
-def run_eval(recipe: Recipe, output: Path, adapter: Path | None = None, run_dir: Path | None = None) -> dict:
-    """Evaluate the base model, an adapter, or (with `data.user: all`) each user's adapter of `run_dir`;
-    write eval.json and predictions.json into `output`."""
-    from .backends import get_backend
-    from .data import eval_questions, train_questions, user_profile_questions, users
-    from .model.load import load_model
-
-    backend = get_backend(recipe.backend, recipe.npu_sim)
-    loaded = load_model(recipe, backend.device, adapter)
-    backend.prepare(loaded)
-    if recipe.data.user == "all":
-        questions, preds, per_user, hits = [], [], {}, 0
-        for user_id, user_questions in users(recipe).items():
-            if run_dir is not None:
-                _load_user_adapter(loaded.model, run_dir / "adapters" / user_id)
-            user_preds, metrics = evaluate_questions(loaded.model, loaded.tokenizer, user_questions, recipe)
-            majority = majority_accuracy([q.output for q in user_profile_questions(user_questions)],
-                                         [q.output for q in user_questions])
-            per_user[user_id] = {**summary_row(metrics), "majority_accuracy": majority}
-            hits += round(majority * len(user_questions))
-            questions += user_questions
-            preds += user_preds
-        metrics = {**lamp2_metrics([q.output for q in questions], preds), "majority_accuracy": hits / len(questions),
-                   "users": per_user}
-    else:
-        questions = eval_questions(recipe)
-        preds, metrics = evaluate_questions(loaded.model, loaded.tokenizer, questions, recipe)
-        train_golds = [q.output for q in train_questions(recipe)]
-        metrics["majority_accuracy"] = majority_accuracy(train_golds, [q.output for q in questions])
-    result = {"task": task_name(recipe), "mode": recipe.eval.mode, "model": recipe.model.name,
-              "adapter": str(adapter) if adapter else None, "profile_k": recipe.data.profile_k, **metrics}
-    write_results(output, result, predictions_file(questions, preds, task_name(recipe)))
-    return result
-
-
-def _load_user_adapter(model, path: Path) -> None:
-    from peft import set_peft_model_state_dict
-    from safetensors.torch import load_file
-
-    from .errors import BadInput
-
-    weights = path / "adapter_model.safetensors"
-    if not weights.is_file():
-        raise BadInput(f"{path}: this user's adapter is missing; finish the run with `lcsb train ... --resume`")
-    set_peft_model_state_dict(model, load_file(weights))

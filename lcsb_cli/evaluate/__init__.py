@@ -1,0 +1,112 @@
+"""Evaluation of held-out items for every data format: loss and perplexity always; accuracy and macro-F1 for
+classification (labels.py); exact match and ROUGE of greedy answers for completion and chat (text.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from ..data import token_rows
+from ..recipe import Recipe
+from .labels import lamp2_metrics, majority_accuracy, predict
+from .text import generate_answers, held_out_loss, text_metrics
+
+SUMMARY_KEYS = ("n", "loss", "perplexity", "accuracy", "macro_f1", "out_of_label", "exact_match", "rouge1", "rougeL")
+
+
+def evaluate_items(model, tokenizer, items: Sequence, recipe: Recipe, labels: Sequence[str] | None = None):
+    """(predictions or None, metrics) of held-out items: LaMP questions or token rows of `recipe`'s format."""
+    rows = token_rows(recipe, tokenizer, list(items))
+    metrics = held_out_loss(model, rows, tokenizer.pad_token_id, recipe.eval.batch_size)
+    if recipe.data.format in ("lamp2", "jsonl"):
+        preds = predict(model, tokenizer, items, recipe)
+        return preds, {**lamp2_metrics([q.output for q in items], preds, labels), **metrics}
+    if recipe.data.format in ("completion", "chat"):
+        preds = generate_answers(model, tokenizer, rows, recipe.eval.max_new_tokens, recipe.eval.batch_size)
+        return preds, {**text_metrics([row["reference"] for row in rows], preds), **metrics}
+    return None, {"n": len(rows), **metrics}
+
+
+def summary_row(metrics: dict) -> dict:
+    """The headline numbers of an evaluation (for metrics.jsonl rows, bench and reports)."""
+    return {key: metrics[key] for key in SUMMARY_KEYS if key in metrics}
+
+
+def task_name(recipe: Recipe) -> str:
+    return {"lamp2": "LaMP_2", "jsonl": "personal"}.get(recipe.data.format, recipe.data.format)
+
+
+def item_id(item) -> str:
+    return item["id"] if isinstance(item, dict) else item.id
+
+
+def predictions_file(items: Sequence, preds: Sequence[str], task: str) -> dict:
+    """LaMP's {"task", "golds": [{"id", "output"}]} shape, for every format."""
+    return {"task": task, "golds": [{"id": item_id(item), "output": p} for item, p in zip(items, preds)]}
+
+
+def write_results(output: Path, result: dict, predictions: dict | None) -> None:
+    from ..atomic import write_json_atomic
+
+    output.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(output / "eval.json", result)
+    if predictions is not None:
+        write_json_atomic(output / "predictions.json", predictions)
+
+
+def run_eval(recipe: Recipe, output: Path, adapter: Path | None = None, run_dir: Path | None = None) -> dict:
+    """Evaluate the base model, an adapter, or (with `data.user: all`) each user's adapter of `run_dir`;
+    write eval.json and predictions.json into `output`."""
+    from ..backends import get_backend
+    from ..data import load_task
+    from ..model.load import load_model
+
+    backend = get_backend(recipe.backend, recipe.npu_sim)
+    loaded = load_model(recipe, backend.device, adapter)
+    backend.prepare(loaded)
+    if recipe.data.user == "all":
+        items, preds, metrics = _per_user_eval(loaded, recipe, run_dir)
+    else:
+        task = load_task(recipe, loaded.tokenizer)
+        items = task.need_held_out()
+        preds, metrics = evaluate_items(loaded.model, loaded.tokenizer, items, recipe, task.labels)
+        if task.labels is not None:
+            metrics["majority_accuracy"] = majority_accuracy([q.output for q in task.train], [q.output for q in items])
+    result = {"task": task_name(recipe), "format": recipe.data.format, "mode": recipe.eval.mode,
+              "model": recipe.model.name, "adapter": str(adapter) if adapter else None,
+              "profile_k": recipe.data.profile_k, **metrics}
+    write_results(output, result, None if preds is None else predictions_file(items, preds, task_name(recipe)))
+    return result
+
+
+def _per_user_eval(loaded, recipe: Recipe, run_dir: Path | None):
+    """LaMP-2 per-user runs: each user's questions with that user's adapter (the base model without a run dir)."""
+    from ..data import TAGS, user_profile_questions, users
+
+    items, preds, per_user, hits = [], [], {}, 0
+    for user_id, user_questions in users(recipe).items():
+        if run_dir is not None:
+            _load_user_adapter(loaded.model, run_dir / "adapters" / user_id)
+        user_preds, metrics = evaluate_items(loaded.model, loaded.tokenizer, user_questions, recipe, TAGS)
+        majority = majority_accuracy([q.output for q in user_profile_questions(user_questions)],
+                                     [q.output for q in user_questions])
+        per_user[user_id] = {**summary_row(metrics), "majority_accuracy": majority}
+        hits += round(majority * len(user_questions))
+        items += user_questions
+        preds += user_preds
+    metrics = {**lamp2_metrics([q.output for q in items], preds), "majority_accuracy": hits / len(items),
+               "users": per_user}
+    return items, preds, metrics
+
+
+def _load_user_adapter(model, path: Path) -> None:
+    from peft import set_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    from ..errors import BadInput
+
+    weights = path / "adapter_model.safetensors"
+    if not weights.is_file():
+        raise BadInput(f"{path}: this user's adapter is missing; finish the run with `lcsb train ... --resume`")
+    set_peft_model_state_dict(model, load_file(weights))
+
