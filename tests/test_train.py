@@ -86,14 +86,24 @@ def _start(run_dir, *extra):
     return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
 
-@pytest.mark.parametrize("schedule", ["cyclic", "random"])
-def test_sigkill_then_resume_is_bit_identical(tmp_path, schedule):
+DATA = REPO / "recipes" / "data"
+NO_LABELS = ("data.eval=null", "data.train_labels=null", "data.eval_labels=null")
+FORMATS = {
+    "lamp2": (),
+    "text": ("data.format=text", f"data.train={DATA / 'text' / 'train.txt'}", "data.max_length=64", *NO_LABELS),
+    "chat": ("data.format=chat", f"data.train={DATA / 'chat' / 'train.jsonl'}", "data.max_length=96", *NO_LABELS),
+}
+
+
+@pytest.mark.parametrize("schedule, data", [("cyclic", "lamp2"), ("random", "lamp2"), ("cyclic", "text"),
+                                            ("cyclic", "chat")])
+def test_sigkill_then_resume_is_bit_identical(tmp_path, schedule, data):
+    overrides = (f"lcsb.schedule={schedule}", "lora.dropout=0.1", *FORMATS[data])
     reference = tmp_path / "reference"
-    run_train(reference, "train.max_steps=20", "train.save_every=3", f"lcsb.schedule={schedule}",
-              "lora.dropout=0.1")
+    run_train(reference, "train.max_steps=20", "train.save_every=3", *overrides)
 
     killed = tmp_path / "killed"
-    proc = _start(killed, f"lcsb.schedule={schedule}", "lora.dropout=0.1")
+    proc = _start(killed, *overrides)
     deadline = time.time() + 120
     while time.time() < deadline and proc.poll() is None:
         rows = read_metrics(killed / "metrics.jsonl")
@@ -107,7 +117,7 @@ def test_sigkill_then_resume_is_bit_identical(tmp_path, schedule):
 
     resumed = subprocess.run(
         [sys.executable, "-m", "lcsb_cli", "train", str(LAMP2), "--output", str(killed), "--resume",
-         "train.max_steps=20", "train.save_every=3", f"lcsb.schedule={schedule}", "lora.dropout=0.1"],
+         "train.max_steps=20", "train.save_every=3", *overrides],
         cwd=REPO, capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"},
     )
     assert resumed.returncode == 0, resumed.stderr

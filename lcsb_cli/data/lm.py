@@ -43,6 +43,8 @@ def load_lm_split(path: str, fmt: str, tokenizer: Any, max_length: int, on_bad_l
     file = Path(path)
     if not file.is_file():
         raise BadInput(f"data: {file} does not exist")
+    if not file.read_bytes().strip():
+        raise BadInput(f"{file}: the file is empty; {_EXPECTED[fmt]}")
     if fmt == "chat" and not getattr(tokenizer, "chat_template", None):
         raise BadInput("data.format: chat needs a tokenizer with a chat template; this model's tokenizer has none "
                        "(use format completion, or a model whose tokenizer_config.json has chat_template)")
