@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import LAMP2, REPO, lcsb
+from helpers import LAMP2, REPO, lcsb, run_train
 from rouge_score import rouge_scorer
 
 from lcsb_cli.data import load_task
@@ -16,6 +16,7 @@ from lcsb_cli.evaluate import run_eval
 from lcsb_cli.evaluate.text import held_out_loss, text_metrics
 from lcsb_cli.model.load import load_model, load_tokenizer, materialize_preset
 from lcsb_cli.recipe import load_recipe
+from lcsb_cli.run.rundir import read_metrics
 
 EOS = "<|endoftext|>"
 DATA = REPO / "recipes" / "data"
@@ -165,3 +166,18 @@ def test_eval_of_a_completion_run_writes_generation_metrics_and_predictions(tmp_
     expected = [json.loads(line)["id"] for line in open(DATA / "qa" / "eval.jsonl")]
     assert [p["id"] for p in predictions["golds"]] == expected
     assert all(isinstance(p["output"], str) for p in predictions["golds"])
+
+
+def test_periodic_eval_and_the_overnight_report_carry_the_formats_metrics(tmp_path):
+    run_dir = tmp_path / "run"
+    run_train(run_dir, "data.format=chat", f"data.train={DATA / 'chat' / 'train.jsonl'}",
+              f"data.eval={DATA / 'chat' / 'eval.jsonl'}", "data.train_labels=null", "data.eval_labels=null",
+              "data.max_length=96", "eval.max_new_tokens=4", "train.max_steps=2", "train.eval_every=2",
+              "overnight.report=true")
+    rows = [row for row in read_metrics(run_dir / "metrics.jsonl") if "eval_loss" in row]
+    assert len(rows) == 1 and rows[0]["step"] == 2
+    assert {"eval_perplexity", "eval_exact_match", "eval_rouge1", "eval_rougeL"} <= set(rows[0])
+    report = json.loads((run_dir / "report.json").read_text())
+    assert report["eval_after"]["loss"] == pytest.approx(rows[0]["eval_loss"])
+    assert report["eval_before"]["loss"] > report["eval_after"]["loss"]
+    assert "| held-out items | exact_match | rouge1 | rougeL | loss | perplexity |" in (run_dir / "report.md").read_text()
