@@ -68,10 +68,13 @@ def rich_table(table: BenchTable) -> Table:
 
 
 def _main(methods: list[dict], baseline: str) -> BenchTable:
-    columns = ["method", "median step (s)", "tokens/s", "peak RSS (MB)", "final loss", "speedup", "eval acc"]
+    evals = [m["eval"] or {} for m in methods]
+    headline = next((key for key in ("accuracy", "rougeL", "perplexity") if any(key in e for e in evals)), "accuracy")
+    columns = ["method", "median step (s)", "tokens/s", "peak RSS (MB)", "final loss", "speedup", "eval loss",
+               f"eval {headline}"]
     rows = [[m["name"], f"{m['median_step_time_s']:.3f}", f"{m['tokens_per_s']:.0f}", f"{m['peak_mem_mb']:.0f}",
-             f"{m['final_loss']:.4f}", f"{m['speedup']:.2f}x", _cell((m["eval"] or {}).get("accuracy"), "{:.3f}")]
-            for m in methods]
+             f"{m['final_loss']:.4f}", f"{m['speedup']:.2f}x", _cell(e.get("loss"), "{:.4f}"),
+             _cell(e.get(headline), "{:.3f}")] for m, e in zip(methods, evals)]
     return BenchTable(f"Per method (medians over the timed steps; speedup against {baseline})", columns, rows)
 
 
