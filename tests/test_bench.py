@@ -42,14 +42,15 @@ def test_bench_runs_methods_interleaved_and_writes_its_reports(tmp_path):
 def test_bench_evaluates_a_completion_recipe_by_loss_and_rouge(tmp_path):
     out, qa = tmp_path / "bench", REPO / "recipes" / "data" / "qa"
     cmd = [sys.executable, "-m", "lcsb_cli", "bench", str(LAMP2), "--compare", "full-backprop", "--steps", "1",
-           "--warmup", "0", "--eval", "--output", str(out), "data.format=completion", f"data.train={qa / 'train.jsonl'}",
-           f"data.eval={qa / 'eval.jsonl'}", "data.train_labels=null", "data.eval_labels=null", "data.max_length=64",
-           "eval.max_new_tokens=2"]
+           "--warmup", "0", "--eval", "--output", str(out), "data.format=completion",
+           f"data.train={qa / 'train.jsonl'}", f"data.eval={qa / 'eval.jsonl'}", "data.train_labels=null",
+           "data.eval_labels=null", "data.max_length=64", "eval.max_new_tokens=2"]
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"},
                           timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     for method in json.loads((out / "bench.json").read_text())["methods"]:
-        assert method["eval"]["n"] == 60 and {"loss", "perplexity", "exact_match", "rouge1", "rougeL"} <= set(method["eval"])
+        assert method["eval"]["n"] == 60
+        assert {"loss", "perplexity", "exact_match", "rouge1", "rougeL"} <= set(method["eval"])
     assert "eval rougeL" in (out / "bench.md").read_text()
 
 

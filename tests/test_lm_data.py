@@ -41,7 +41,8 @@ def test_completion_loss_covers_the_completion_and_eos_only(tmp_path, tokenizer)
     path = write_jsonl(tmp_path / "c.jsonl", [{"id": "q1", "prompt": "Question: the dog?\nAnswer:",
                                                "completion": " Biscuit"}])
     [row] = load_lm_split(path, "completion", tokenizer, 64, "error").rows
-    prompt, target = ids(tokenizer, "Question: the dog?\nAnswer:"), ids(tokenizer, " Biscuit") + [tokenizer.eos_token_id]
+    prompt = ids(tokenizer, "Question: the dog?\nAnswer:")
+    target = ids(tokenizer, " Biscuit") + [tokenizer.eos_token_id]
     assert row["input_ids"] == prompt + target
     assert row["labels"] == [-100] * len(prompt) + target
     assert (row["id"], row["prompt_ids"], row["reference"]) == ("q1", prompt, "Biscuit")
@@ -180,4 +181,5 @@ def test_periodic_eval_and_the_overnight_report_carry_the_formats_metrics(tmp_pa
     report = json.loads((run_dir / "report.json").read_text())
     assert report["eval_after"]["loss"] == pytest.approx(rows[0]["eval_loss"])
     assert report["eval_before"]["loss"] > report["eval_after"]["loss"]
-    assert "| held-out items | exact_match | rouge1 | rougeL | loss | perplexity |" in (run_dir / "report.md").read_text()
+    header = "| held-out items | exact_match | rouge1 | rougeL | loss | perplexity |"
+    assert header in (run_dir / "report.md").read_text()
