@@ -11,7 +11,7 @@ from transformers import get_scheduler
 
 from ..atomic import write_json_atomic
 from ..backends import get_backend
-from ..data import build_train_batches, load_task
+from ..data import TaskData, build_train_batches, load_task
 from ..errors import BadInput
 from ..methods import build_method, check_layer_counts
 from ..model.load import load_model, lora_parameters
@@ -28,28 +28,28 @@ from .trainer import Trainer
 
 
 def train(recipe: Recipe, run_dir: Path, reporter: Reporter, resume: bool = False, force: bool = False,
-          adapter_dir: Path | None = None, job: Job | None = None) -> dict:
+          adapter_dir: Path | None = None, job: Job | None = None, task: TaskData | None = None) -> dict:
     """Check the run dir, wait for the overnight window, set up, restore a checkpoint if resuming, claim the run
     dir, then run the steps until done or stopped (SIGTERM/SIGINT, window end, time limit: checkpointed, exit 0).
 
-    One adapter: `data.user` is null or one user (`per_user` runs `all`, passing its `job`).
+    One adapter: `data.user` is null or one user (`per_user` runs `all`, passing its `job` and each user's `task`).
     Nothing in `run_dir` changes until every check and the whole set-up have passed.
     """
     if recipe.data.user == "all":
         raise ValueError("engine.train trains one adapter; per_user.train_per_user runs data.user: all")
     run_dir = Path(run_dir)
     if job is not None:  # a user's run inside a per-user job: the job's owner waited for the window
-        return _train(recipe, run_dir, reporter, resume, force, adapter_dir, job, SINGLE, owner=False)
+        return _train(recipe, run_dir, reporter, resume, force, adapter_dir, job, SINGLE, task, owner=False)
     with owned_job(recipe, run_dir) as (job, world):
         return _train(recipe, run_dir, reporter if world.is_main else SilentReporter(), resume, force, adapter_dir,
-                      job, world, owner=True)
+                      job, world, task, owner=True)
 
 
-def _train(recipe, run_dir, reporter, resume, force, adapter_dir, job, world, owner) -> dict:
+def _train(recipe, run_dir, reporter, resume, force, adapter_dir, job, world, task, owner) -> dict:
     def setup() -> tuple[Run, int]:
-        trainer, loaded, task = build_trainer(recipe, world)
+        trainer, loaded, task_data = build_trainer(recipe, world, task)
         first_step, wall_before, notes = resume_state(run_dir, trainer) if resume else (0, 0.0, [])
-        run = Run(recipe, run_dir, trainer, loaded, task, job, reporter, adapter_dir or run_dir / "adapter",
+        run = Run(recipe, run_dir, trainer, loaded, task_data, job, reporter, adapter_dir or run_dir / "adapter",
                   first_step, wall_before, notes)
         return run, first_step
 
@@ -69,7 +69,7 @@ def _train(recipe, run_dir, reporter, resume, force, adapter_dir, job, world, ow
     return summary
 
 
-def build_trainer(recipe: Recipe, world: World = SINGLE):
+def build_trainer(recipe: Recipe, world: World = SINGLE, task: TaskData | None = None):
     """Set up in dependency order: threads and seed, backend, model, data (loaded once; this rank's shard), the
     method with its optimizer (built over all LoRA parameters before any block is frozen), LR schedule."""
     if recipe.train.threads:
@@ -80,7 +80,7 @@ def build_trainer(recipe: Recipe, world: World = SINGLE):
         loaded = load_model(recipe, backend.device)
     check_layer_counts(recipe, len(loaded.layers))
     backend.prepare(loaded)
-    task = load_task(recipe, loaded.tokenizer)
+    task = load_task(recipe, loaded.tokenizer) if task is None else task
     if recipe.train.eval_every or recipe.overnight.report:
         task.need_held_out()
     batches = build_train_batches(recipe, loaded.tokenizer, task, (world.rank, world.size))

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 from ..atomic import write_json_atomic
-from ..data import users
+from ..data import user_tasks
 from ..errors import Diverged
 from ..recipe import Recipe, replace_key
 from . import rundir
@@ -29,9 +29,10 @@ def train_per_user(recipe: Recipe, run_dir: Path, reporter, resume: bool = False
 
 
 def _fan_out(recipe: Recipe, run_dir: Path, reporter, resume: bool, force: bool, job: Job, world: World) -> dict:
-    user_ids = rundir.open_run(run_dir, recipe, resume, force, world, lambda: (list(users(recipe)), 0), job)
-    if user_ids is None:
+    tasks = rundir.open_run(run_dir, recipe, resume, force, world, lambda: (user_tasks(recipe), 0), job)
+    if tasks is None:
         return {"stopped": job.signals.requested, "steps": 0}
+    user_ids = list(tasks)
     for user_id in user_ids[world.rank::world.size]:
         sub_dir = run_dir / "users" / user_id
         if _finished_summary(sub_dir):
@@ -40,7 +41,7 @@ def _fan_out(recipe: Recipe, run_dir: Path, reporter, resume: bool, force: bool,
         try:
             summary = train(replace_key(recipe, "data.user", user_id), sub_dir, user_reporter,
                             resume=resume and rundir.holds_run(sub_dir), force=True,
-                            adapter_dir=run_dir / "adapters" / user_id, job=job)
+                            adapter_dir=run_dir / "adapters" / user_id, job=job, task=tasks[user_id])
         except Diverged as exc:
             raise Diverged(f"user {user_id} (users/{user_id}): {exc}") from exc
         if summary.get("stopped"):
