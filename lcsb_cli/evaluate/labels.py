@@ -109,15 +109,7 @@ def _answer_logprobs(model, rows, pad_id: int, device) -> torch.Tensor:
 
 def generate_tags(model, tokenizer, questions, prompts, recipe, device) -> list[str]:
     """Greedy decoding, cut at the first newline and stripped, as LaMP's generation setting."""
-    width = max(len(p) for p in prompts)
-    ids = torch.full((len(prompts), width), tokenizer.pad_token_id, dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    for i, prompt in enumerate(prompts):
-        ids[i, width - len(prompt):] = torch.tensor(prompt)
-        mask[i, width - len(prompt):] = 1
-    out = model.generate(
-        input_ids=ids.to(device), attention_mask=mask.to(device), max_new_tokens=recipe.eval.max_new_tokens,
-        do_sample=False, use_cache=True, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
-    )
-    texts = tokenizer.batch_decode(out[:, width:], skip_special_tokens=True)
+    from ..generate import generate_texts
+
+    texts = generate_texts(model, tokenizer, prompts, recipe.eval.max_new_tokens)
     return [text.split("\n", 1)[0].strip() for text in texts]
