@@ -183,3 +183,10 @@ def test_periodic_eval_and_the_overnight_report_carry_the_formats_metrics(tmp_pa
     assert report["eval_before"]["loss"] > report["eval_after"]["loss"]
     header = "| held-out items | exact_match | rouge1 | rougeL | loss | perplexity |"
     assert header in (run_dir / "report.md").read_text()
+
+
+def test_chat_needs_a_tokenizer_with_a_chat_template(tmp_path, tokenizer, monkeypatch):
+    monkeypatch.setattr(tokenizer, "chat_template", None)
+    path = write_jsonl(tmp_path / "chat.jsonl", [{"messages": [{"role": "assistant", "content": "hi"}]}])
+    with pytest.raises(BadInput, match="chat needs a tokenizer with a chat template"):
+        load_lm_split(path, "chat", tokenizer, 32, "error")
