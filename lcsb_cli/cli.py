@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from .errors import BadInput, LcsbError
-from .recipe import dump, load_recipe
+from .recipe import Recipe, dump, load_recipe, replace_key
 from .run.rundir import check_output_dir
 
 USAGE_ERROR = typer.BadParameter.__bases__[0]  # click's UsageError (typer may bundle its own click)
@@ -137,20 +137,84 @@ def eval_(
 
     if output is not None:
         check_output_dir(output)
-    path = Path(target)
-    run_dir = path if path.is_dir() else None
-    if run_dir is not None:
-        if not (run_dir / "config.yaml").is_file():
-            raise BadInput(f"{run_dir}: not a run directory (no config.yaml); give a recipe or a run dir")
-        recipe = load_recipe(run_dir / "config.yaml", overrides or [])
-        if adapter is None and recipe.data.user != "all":
-            adapter = run_dir / "adapter"
-            if not adapter.is_dir():
-                raise BadInput(f"{run_dir}: the run has no adapter/ yet; finish it with `lcsb train ... --resume`")
-    else:
-        recipe = load_recipe(recipe_path(target), overrides or [])
+    recipe, adapter, run_dir = resolve_target(target, overrides or [], adapter)
     result = run_eval(recipe, output or run_dir or Path(recipe.output_dir), adapter, run_dir)
     out.print(eval_table(result))
+
+
+def resolve_target(target: str, overrides: list[str], adapter: Optional[Path], user: Optional[str] = None,
+                   model_dir_ok: bool = False) -> tuple[Recipe, Optional[Path], Optional[Path]]:
+    """(recipe, adapter, run dir) of eval's and generate's TARGET: a recipe file or shipped name (the base model, or
+    --adapter); a run dir (its config.yaml and adapter/, or adapters/USER/; a per-user run without --user: no
+    adapter); with model_dir_ok, a merged export (an HF dir without config.yaml: the default recipe on it)."""
+    path = Path(target)
+    if adapter is not None and user is not None:
+        raise BadInput("--adapter and --user both name an adapter; give one")
+    if not path.is_dir():
+        if not path.exists() and not recipe_path(target).is_file():
+            raise BadInput(f"{target}: not found; give a recipe file, a shipped recipe (`lcsb recipes`) or a run dir")
+        if user is not None:
+            raise BadInput("--user: picks a user's adapter in a per-user run dir; give the run dir")
+        return load_recipe(recipe_path(target), overrides), adapter, None
+    if (path / "config.yaml").is_file():
+        recipe = load_recipe(path / "config.yaml", overrides)
+        return recipe, adapter or run_adapter(path, recipe, user), path
+    if model_dir_ok and (path / "config.json").is_file():
+        return model_dir_recipe(path, overrides), adapter, None
+    merged = " or a merged model dir (config.json)" if model_dir_ok else ""
+    raise BadInput(f"{path}: not a run directory (no config.yaml); give a recipe, a run dir{merged}")
+
+
+def run_adapter(run_dir: Path, recipe: Recipe, user: Optional[str]) -> Optional[Path]:
+    """The run's adapter/, or adapters/USER/; None for a per-user run when no user is named."""
+    if user is not None:
+        adapter = run_dir / "adapters" / user
+        if not (adapter / "adapter_config.json").is_file():
+            raise BadInput(f"--user: {run_dir} has no adapter for user {user!r} (no {adapter})")
+        return adapter
+    if recipe.data.user == "all":
+        return None
+    if not (run_dir / "adapter").is_dir():
+        raise BadInput(f"{run_dir}: the run has no adapter/ yet; finish it with `lcsb train ... --resume`")
+    return run_dir / "adapter"
+
+
+def model_dir_recipe(model_dir: Path, overrides: list[str]) -> Recipe:
+    """A merged export carries no recipe: the defaults, with model.name pointing at it."""
+    if overrides:
+        raise BadInput(f"{model_dir}: a model dir takes no KEY=VALUE overrides; give a recipe and "
+                       f"model.name={model_dir} with them instead")
+    return replace_key(Recipe(name=model_dir.name), "model.name", str(model_dir.resolve()))
+
+
+@app.command()
+@handled
+def generate(
+    target: Annotated[str, typer.Argument(help="A recipe (the base model, or --adapter), a run dir (its adapter/) or "
+                                          "a merged export dir (`lcsb export RUN --merge`).")],
+    overrides: Overrides = None,
+    adapter: Annotated[Optional[Path], typer.Option("--adapter", help="A PEFT adapter dir to generate with.")] = None,
+    user: Annotated[Optional[str], typer.Option("--user", help="For a per-user run: whose adapter.")] = None,
+    prompt: Annotated[Optional[str], typer.Option("--prompt", help="The text to continue (with --chat: the user's "
+                                                  "message).")] = None,
+    file: Annotated[Optional[Path], typer.Option("--file", help='JSONL of {"prompt": TEXT} lines, or with --chat '
+                                                 '{"messages": [...]} lines; one generation per line.')] = None,
+    chat: Annotated[bool, typer.Option("--chat", help="Wrap each prompt in the tokenizer's chat template.")] = False,
+    max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", min=1, help="New tokens at most.")] = 128,
+    temperature: Annotated[float, typer.Option("--temperature", min=0.0, help="0: greedy; above 0: sampling at this "
+                                               "temperature.")] = 0.0,
+    seed: Annotated[int, typer.Option("--seed", help="The sampling seed (temperature above 0).")] = 0,
+) -> None:
+    """Decode with the KV cache and stream each generation to the terminal."""
+    from .generate import read_inputs, run_generate
+
+    if (prompt is None) == (file is None):
+        raise BadInput("give exactly one of --prompt TEXT and --file JSONL")
+    recipe, adapter, run_dir = resolve_target(target, overrides or [], adapter, user, model_dir_ok=True)
+    if run_dir is not None and adapter is None:
+        raise BadInput(f"{run_dir}: a per-user run has one adapter per user; pass --user ID")
+    inputs = [prompt] if file is None else read_inputs(file, chat)
+    run_generate(recipe, adapter, inputs, chat, max_new_tokens, temperature, seed)
 
 
 @app.command()
