@@ -53,7 +53,8 @@ class Lcsb(Method):
     def __init__(self, layers: nn.ModuleList, optimizer: torch.optim.Optimizer, cfg: LcsbConfig, checkpointing: bool,
                  seed: int):
         self.blocks = cfg.blocks
-        self.selective = SelectiveLayers(layers, partition(len(layers), cfg.blocks), cfg.upper_path, checkpointing)
+        self.selective = SelectiveLayers(layers, partition(len(layers), cfg.blocks), cfg.upper_path, checkpointing,
+                                         cfg.exact_above)
         self.schedule = BlockSchedule(cfg.blocks, cfg.schedule, seed=seed)
         block_params = [self.selective.block_parameters(b) for b in range(cfg.blocks)]
         self.idle = IdleMomentum(optimizer, block_params) if cfg.idle_update == "momentum" else None

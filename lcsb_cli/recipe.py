@@ -20,9 +20,9 @@ LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", 
 
 
 @dataclass
-class ModelConfig:
-    name: str = "tiny-qwen2"  # a built-in preset (configs/models/NAME.yaml), a local HF checkpoint dir or a .gguf file
-    dtype: str = "float32"  # storage of the frozen weights
+class ModelConfig:  # name: a preset (configs/models/NAME.yaml), a local HF dir or a .gguf file; dtype: frozen weights
+    name: str = "tiny-qwen2"
+    dtype: str = "float32"
     trust_remote_code: bool = False
 
 
@@ -39,6 +39,7 @@ class LcsbConfig:
     blocks: int = 4
     schedule: str = "cyclic"
     upper_path: str = "identity"
+    exact_above: int = 0  # identity path: layers just above the active block that backpropagate exactly (LoRA frozen)
     idle_update: str = "momentum"
 
 
@@ -185,8 +186,7 @@ MINIMUMS = {
     "divergence.spike_factor": 1.0, "divergence.patience": 1, "divergence.lr_backoff": 0.0, "freeze.layers": 1,
     "lisa.layers": 1, "lisa.interval": 1, "lora.dropout": 0.0, "train.weight_decay": 0.0, "train.max_grad_norm": 0.0,
     "npu_sim.calibration_steps": 1, "npu_sim.fp32_threshold": 0.0, "overnight.max_minutes": 0.0,
-    "overnight.max_temp_c": 0.0, "memory.malloc_mmap_threshold_kb": 0, "memory.kernel_cache": 0,
-}
+    "overnight.max_temp_c": 0.0, "memory.malloc_mmap_threshold_kb": 0, "memory.kernel_cache": 0, "lcsb.exact_above": 0}
 DATA_FILES = {"jsonl": "phone-collected labels, one JSON object a line", "text": ".txt or JSONL {\"text\"}",
               "completion": "JSONL {\"prompt\", \"completion\"}", "chat": "JSONL {\"messages\"}"}
 PATH_KEYS = ("data.train", "data.train_labels", "data.eval", "data.eval_labels")

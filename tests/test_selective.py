@@ -4,7 +4,7 @@ import pytest
 import torch
 from torch import nn
 
-from lcsb_cli.selective import BlockSchedule, IdleMomentum, SelectiveLayers, partition
+from lcsb_cli.selective import BlockSchedule, IdleMomentum, SelectiveLayers, partition, surrogate_agreement
 
 
 class ToyLayer(nn.Module):
@@ -95,6 +95,51 @@ def test_exact_upper_path_gives_the_true_gradient_of_the_active_block():
         layers.zero_grad(set_to_none=True)
 
 
+def surrogate_reference(layers, blocks, block: int, exact_above: int):
+    """The active block's gradient written out by hand: below no grad, the block and the `exact_above` layers just
+    above it with autograd, every layer beyond h + (f(h) - h).detach()."""
+    h = X
+    active = blocks[block]
+    for i, layer in enumerate(layers):
+        if i < active.start:
+            with torch.no_grad():
+                h = layer(h)
+        elif i < active.stop + exact_above:
+            h = layer(h)
+        else:
+            h = h + (layer(h) - h).detach()
+    params = [p for i in active for p in layers[i].parameters() if p.requires_grad]
+    return torch.autograd.grad((h ** 2).mean(), params)
+
+
+@pytest.mark.parametrize("exact_above", [0, 1, 3, 4])
+def test_exact_above_backpropagates_through_that_many_layers_then_identity(exact_above):
+    layers = make_stack()
+    blocks = partition(6, 3)
+    trainable = [p for p in layers.parameters() if p.requires_grad]
+    selective = SelectiveLayers(layers, blocks, "identity", exact_above=exact_above)
+    results = {}
+    for block in range(3):
+        selective.activate(block)
+        run(layers, X).backward()
+        active = selective.block_parameters(block)
+        assert all(p.grad is None for p in trainable if all(p is not q for q in active))
+        results[block] = [p.grad.clone() for p in active]
+        layers.zero_grad(set_to_none=True)
+    selective.remove()
+    assert all(p.requires_grad for p in trainable)
+    for block, got in results.items():
+        want = surrogate_reference(layers, blocks, block, exact_above)
+        for g, w in zip(got, want):
+            torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-7)
+    # block 0 gets the true gradient once all 4 layers above it backpropagate exactly, and only then
+    truth = make_stack()
+    run(truth, X).backward()
+    true_block0 = [p.grad for i in blocks[0] for p in truth[i].parameters() if p.requires_grad]
+    matches = all(torch.allclose(g, t, rtol=1e-5, atol=1e-7) for g, t in zip(results[0], true_block0))
+    assert matches == (exact_above >= 4)
+
+
 def test_identity_upper_path_is_the_straight_through_gradient():
     layers = make_stack()
     trainable = [p for p in layers.parameters() if p.requires_grad]
@@ -171,3 +216,21 @@ def test_idle_parameters_without_moments_are_untouched():
     IdleMomentum(optimizer, [[active], [never]]).before_step(active=0)
     optimizer.step()
     assert torch.equal(never.detach(), before) and never not in optimizer.state
+
+
+def test_surrogate_agreement_measures_each_window_against_the_true_gradient():
+    layers = make_stack()
+    blocks = partition(6, 3)
+    agreement = surrogate_agreement(layers, blocks, lambda: run(layers, X), [0, 1, 4])
+    truth = make_stack()
+    run(truth, X).backward()
+    for block in range(3):
+        true = torch.cat([p.grad.flatten() for i in blocks[block] for p in truth[i].parameters() if p.requires_grad])
+        for window in (0, 1, 4):
+            got = torch.cat([g.flatten() for g in surrogate_reference(layers, blocks, block, window)])
+            cosine, ratio = agreement[block, window]
+            assert cosine == pytest.approx(float(torch.nn.functional.cosine_similarity(got, true, dim=0)), abs=1e-6)
+            assert ratio == pytest.approx(float(got.norm() / true.norm()), rel=1e-5)
+    assert agreement[2, 0] == pytest.approx((1.0, 1.0)) and agreement[0, 4] == pytest.approx((1.0, 1.0))
+    assert agreement[0, 0][0] < 0.999
+    assert all(layer.down.weight.requires_grad and layer.up.weight.requires_grad for layer in layers)  # restored

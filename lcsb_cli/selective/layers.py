@@ -15,7 +15,8 @@ UPPER_PATHS = ("identity", "exact")
 class Role(enum.Enum):
     BELOW = "below"  # no autograd: nothing here trains and no gradient needs to reach it
     ACTIVE = "active"  # full autograd (optionally recomputed in backward)
-    ABOVE = "above"  # identity: straight-through residual; exact: autograd with LoRA frozen
+    EXACT = "exact"  # above the active block, within its exact window: autograd, LoRA frozen
+    IDENTITY = "identity"  # above, beyond the window: straight-through residual, no graph
 
 
 class _StraightThrough(torch.autograd.Function):
@@ -40,8 +41,9 @@ class SelectiveLayers:
     Layers keep their module identity (state-dict keys, PEFT adapters and hooks are untouched): only the
     instance's `forward` is wrapped, as accelerate's hooks do. A layer's trainable parameters are the ones that
     required grad at install time. Below the active block and on the identity path layers run under no_grad, so
-    only the active block can collect gradients; with `exact`, `activate` also freezes the LoRA of the layers
-    above, whose graph the gradient must cross.
+    only the active block can collect gradients. The `exact_above` layers just above the active block (all of them
+    with `upper_path="exact"`) backpropagate exactly, and `activate` freezes their LoRA; beyond them the gradient
+    crosses on the identity path. exact_above=0 is the paper's surrogate.
     """
 
     def __init__(
@@ -50,11 +52,13 @@ class SelectiveLayers:
         blocks: Sequence[range],
         upper_path: str = "identity",
         checkpoint_active: bool = False,
+        exact_above: int = 0,
     ):
         if upper_path not in UPPER_PATHS:
             raise ValueError(f"unknown upper_path {upper_path!r}; choose one of {', '.join(UPPER_PATHS)}")
         self.layers, self.blocks = list(layers), list(blocks)
-        self.upper_path, self.checkpoint_active = upper_path, checkpoint_active
+        self.checkpoint_active = checkpoint_active
+        self.exact_above = len(self.layers) if upper_path == "exact" else exact_above
         self.trainable = [[p for p in layer.parameters() if p.requires_grad] for layer in self.layers]
         self.roles = [Role.ACTIVE] * len(self.layers)
         self._originals = [layer.forward for layer in self.layers]
@@ -68,14 +72,17 @@ class SelectiveLayers:
         """Make `block` the one that trains; None makes every layer active (full backprop)."""
         active = range(len(self.layers)) if block is None else self.blocks[block]
         for index in range(len(self.layers)):
-            if index in active:
-                role = Role.ACTIVE
-            else:
-                role = Role.BELOW if index < active.start else Role.ABOVE
-            self.roles[index] = role
-            if self.upper_path == "exact":
+            self.roles[index] = role = self._role(index, active)
+            if self.exact_above:
                 for p in self.trainable[index]:
                     p.requires_grad_(role is Role.ACTIVE)
+
+    def _role(self, index: int, active: range) -> Role:
+        if index in active:
+            return Role.ACTIVE
+        if index < active.start:
+            return Role.BELOW
+        return Role.EXACT if index < active.stop + self.exact_above else Role.IDENTITY
 
     def remove(self) -> None:
         """Restore the layers' own forward and trainability."""
@@ -94,7 +101,7 @@ class SelectiveLayers:
                 if self.checkpoint_active and torch.is_grad_enabled():
                     return checkpoint(forward, *args, use_reentrant=False, **kwargs)
                 return forward(*args, **kwargs)
-            if self.upper_path == "exact":
+            if role is Role.EXACT:
                 return forward(*args, **kwargs)
             return _straight_through(args[0] if args else kwargs["hidden_states"], forward, args, kwargs)
 
