@@ -233,7 +233,9 @@ def bench(
     steps: Annotated[int, typer.Option("--steps", min=1, help="Timed steps per method.")] = 8,
     warmup: Annotated[int, typer.Option("--warmup", min=0, help="Untimed steps per method first.")] = 2,
     output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Where bench.json, bench.md and loss_curves.png go (default: OUTPUT_DIR/bench).")] = None,
-    evaluate: Annotated[bool, typer.Option("--eval/--no-eval", help="Evaluate each method on the recipe's eval set afterwards.")] = False,
+    evaluate: Annotated[bool, typer.Option("--eval/--no-eval", help="Evaluate each method on the recipe's eval set afterwards (its adapter is kept under OUTPUT/adapters/).")] = False,
+    seeds: Annotated[int, typer.Option("--seeds", min=1, help="Run every method with this many seeds (train.seed, +1, ...); mean ± std.")] = 1,
+    budget: Annotated[str, typer.Option("--budget", help="equal-steps: every method takes --steps; equal-time: each trains as long as full backprop's --steps take.")] = "equal-steps",
 ) -> None:
     """Methods side by side on one recipe: interleaved timed steps, one process per method."""
     from .bench.compare import method_names, run_bench
@@ -242,8 +244,9 @@ def bench(
     loaded = load_recipe(recipe_path(recipe), overrides or [])
     if not compare:
         raise BadInput("--compare: name at least one method, e.g. --compare full-backprop")
-    method_names(loaded, compare)
-    result = run_bench(loaded, compare, steps, warmup, output or Path(loaded.output_dir) / "bench", evaluate)
+    method_names(loaded, compare, budget)
+    result = run_bench(loaded, compare, steps, warmup, output or Path(loaded.output_dir) / "bench", evaluate,
+                       seeds=seeds, budget=budget)
     out.print(bench_rich(result, loaded))
 
 

@@ -123,6 +123,7 @@ def _markdown_tables(text: str) -> list[list[list[str]]]:
 
 def test_markdown_and_rich_show_the_same_cells():
     from lcsb_cli.bench.compare import summarize_bench
+    from lcsb_cli.bench.seeds import combine_seeds
     from lcsb_cli.bench.table import bench_markdown, bench_rich
     from lcsb_cli.recipe import load_recipe
 
@@ -130,15 +131,16 @@ def test_markdown_and_rich_show_the_same_cells():
              "full-backprop": _rows([1.0, 1.2], [0.3, 0.3], [0.6, 0.6], sim_s=[0.05, 0.06])}
     parts = {"peak_rss_mb": 900, "runtime_mb": 300, "weights_mb": 400, "lora_optimizer_mb": 10, "activations_mb": 90,
              "logits_mb": 20, "other_mb": 80}
-    result = summarize_bench(list(timed), timed, timed, {"lcsb:4": {"accuracy": 0.25}, "full-backprop": None},
-                             {"lcsb:4": parts, "full-backprop": parts})
+    result = combine_seeds([summarize_bench(list(timed), timed, timed, {"lcsb:4": {"accuracy": 0.25},
+                                                                         "full-backprop": None},
+                                            {"lcsb:4": parts, "full-backprop": parts})], [0])
     recipe = load_recipe(LAMP2, ["backend=npu-sim"])
     rich = [[[c.header for c in t.columns], *zip(*(list(c.cells) for c in t.columns))]
             for t in bench_rich(result, recipe).renderables]
     markdown = _markdown_tables(bench_markdown(result, recipe, 2, 0))
     assert len(markdown) == 4  # per method, forward and backward, simulated phone, memory breakdown
     assert markdown == [[list(row) for row in table] for table in rich]
-    assert markdown[0][1] == ["lcsb:4", "0.550", "182", "110", "1.0000", "2.00x", "0.250"]
+    assert markdown[0][1] == ["lcsb:4", "2", "0.550", "182", "110", "1.0000", "2.00x", "", "0.250"]
     assert markdown[1][1:] == [["lcsb:4", "0.100", "0.200", "3.60x", "0.56"],
                                ["full-backprop", "0.300", "0.600", "", ""]]
     assert markdown[2][1] == ["lcsb:4", "25.00", "100.0", "0.50", "2.20x"]
@@ -146,15 +148,121 @@ def test_markdown_and_rich_show_the_same_cells():
 
 def test_bench_on_npu_sim_reports_the_simulated_phone_per_method():
     from lcsb_cli.bench.compare import summarize_bench
+    from lcsb_cli.bench.seeds import combine_seeds
     from lcsb_cli.bench.table import bench_markdown
     from lcsb_cli.recipe import load_recipe
 
     timed = {"lcsb:4": _rows([1.0] * 3, sim_s=[0.02, 0.03, 0.025]),
              "full-backprop": _rows([1.0] * 3, sim_s=[0.05, 0.06, 0.05])}
-    result = summarize_bench(["lcsb:4", "full-backprop"], timed, timed, {})
+    result = combine_seeds([summarize_bench(["lcsb:4", "full-backprop"], timed, timed, {})], [0])
     lcsb, full = result["methods"]
     assert full["sim_speedup"] == 1.0 and lcsb["sim_speedup"] == 0.05 / 0.025
     assert lcsb["sim_median_energy_j"] == 0.1 and lcsb["sim_energy_j"] == pytest.approx(0.3)
     assert lcsb["sim_max_temp_c"] == 32.0 and lcsb["npu_util"] == 0.5
     text = bench_markdown(result, load_recipe(LAMP2, ["backend=npu-sim"]), 3, 0)
     assert "Simulated on-device (npu-sim, snapdragon-8gen3, int8 weights)" in text and "| lcsb:4 | 25.00 |" in text
+
+
+def test_combine_seeds_gives_means_sample_stds_and_each_seeds_values():
+    from lcsb_cli.bench.compare import summarize_bench
+    from lcsb_cli.bench.seeds import combine_seeds
+
+    def one_seed(last_loss: float, accuracy: float) -> dict:
+        timed = {"lcsb:4": _rows([0.5, 0.5]), "full-backprop": _rows([1.0, 1.0])}
+        timed["lcsb:4"][-1]["loss"] = last_loss
+        return summarize_bench(list(timed), timed, timed, {"lcsb:4": {"accuracy": accuracy, "n": 90},
+                                                           "full-backprop": {"accuracy": 0.5, "n": 90}})
+
+    result = combine_seeds([one_seed(1.0, 0.2), one_seed(3.0, 0.4)], [5, 6])
+    lcsb = result["methods"][0]
+    assert result["seeds"] == [5, 6]
+    assert lcsb["final_loss"] == 2.0 and lcsb["std"]["final_loss"] == pytest.approx(2 ** 0.5)
+    assert lcsb["eval"] == {"accuracy": pytest.approx(0.3), "n": 90}
+    assert lcsb["std"]["eval"]["accuracy"] == pytest.approx(0.02 ** 0.5)
+    assert [(s["seed"], s["final_loss"], s["eval"]["accuracy"], s["steps"]) for s in lcsb["seeds"]] == [
+        (5, 1.0, 0.2, 2), (6, 3.0, 0.4, 2)]
+    same = combine_seeds([one_seed(1.0, 0.2), one_seed(1.0, 0.2)], [0, 0])["methods"][0]
+    assert same["std"]["final_loss"] == 0 and same["std"]["eval"]["accuracy"] == 0
+
+
+class FakeWorker:
+    """A bench worker whose every step takes `step_s` seconds; records the LR horizon it is given."""
+
+    def __init__(self, name: str, step_s: float):
+        self.name, self.step_s, self.rows, self.horizon = name, step_s, [], None
+
+    def ask(self, command: str, arg):
+        if command == "horizon":
+            self.horizon = arg
+            return None
+        return {"step": arg + 1, "loss": 1.0, "step_time_s": self.step_s}
+
+
+def test_equal_time_gives_each_method_full_backprops_time_within_one_step():
+    from lcsb_cli.bench.session import _equal_time
+
+    workers = {"lcsb:4": FakeWorker("lcsb:4", 0.35), "full-backprop": FakeWorker("full-backprop", 1.0),
+               "full-backprop+ckpt": FakeWorker("full-backprop+ckpt", 1.6)}
+    warmup = 1
+    for worker in workers.values():
+        worker.rows.append({"loss": 9.0, "step_time_s": 50.0})  # a slow untimed warm-up step is not counted
+    _equal_time(workers, steps=10, warmup=warmup, reporter=None)
+
+    spent = {name: sum(r["step_time_s"] for r in w.rows[warmup:]) for name, w in workers.items()}
+    taken = {name: len(w.rows) - warmup for name, w in workers.items()}
+    assert taken["full-backprop"] == 10 and spent["full-backprop"] == pytest.approx(10.0)
+    for name in ("lcsb:4", "full-backprop+ckpt"):
+        assert 10.0 <= spent[name] < 10.0 + workers[name].step_s
+    assert taken == {"lcsb:4": 29, "full-backprop": 10, "full-backprop+ckpt": 7}
+    assert workers["lcsb:4"].horizon == warmup + round(10 / 0.35) and workers["full-backprop"].horizon is None
+
+
+def test_bench_over_seeds_at_equal_time_and_its_eval_matches_lcsb_eval(tmp_path):
+    out = tmp_path / "bench"
+    proc = subprocess.run([sys.executable, "-m", "lcsb_cli", "bench", str(LAMP2), "--compare", "lcsb:2", "--steps",
+                           "2", "--warmup", "1", "--seeds", "2", "--budget", "equal-time", "--eval", "--output",
+                           str(out)], cwd=REPO, capture_output=True, text=True,
+                          env={**os.environ, "HF_HUB_OFFLINE": "1"}, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    result = json.loads((out / "bench.json").read_text())
+    assert result["budget"] == "equal-time" and result["seeds"] == [0, 1]
+    assert [m["name"] for m in result["methods"]] == ["lcsb:4", "lcsb:2", "full-backprop"]  # the budget's baseline
+    full = result["methods"][2]
+    for method in result["methods"]:
+        per_seed = method["seeds"]
+        assert [s["seed"] for s in per_seed] == [0, 1]
+        assert method["final_loss"] == pytest.approx(sum(s["final_loss"] for s in per_seed) / 2)
+        assert method["eval"]["accuracy"] == pytest.approx(sum(s["eval"]["accuracy"] for s in per_seed) / 2)
+        for own, target in zip(per_seed, full["seeds"]):
+            assert own["train_time_s"] >= target["train_time_s"]
+    assert "Per seed" in (out / "bench.md").read_text()
+
+    adapter = out / "adapters" / "seed-1" / "lcsb-2"
+    evaluated = subprocess.run([sys.executable, "-m", "lcsb_cli", "eval", str(LAMP2), "--adapter", str(adapter),
+                                "--output", str(tmp_path / "eval")], cwd=REPO, capture_output=True, text=True,
+                               env={**os.environ, "HF_HUB_OFFLINE": "1"}, timeout=600)
+    assert evaluated.returncode == 0, evaluated.stderr[-2000:]
+    direct = json.loads((tmp_path / "eval" / "eval.json").read_text())
+    from_bench = result["methods"][1]["seeds"][1]["eval"]
+    assert from_bench["n"] == direct["n"] > 0
+    for key in ("accuracy", "macro_f1", "loss"):
+        assert from_bench[key] == pytest.approx(direct[key], abs=1e-9)
+
+
+def test_lcsb_variants_name_their_upper_path_and_refuse_bad_names():
+    from lcsb_cli.bench.compare import method_names, method_recipe
+    from lcsb_cli.errors import BadInput
+    from lcsb_cli.recipe import load_recipe
+
+    recipe = load_recipe(LAMP2)
+    names = method_names(recipe, ["lcsb:2", "lcsb:4:exact8", "lcsb:4:exact"])
+    assert names == ["lcsb:4", "lcsb:2", "lcsb:4:exact8", "lcsb:4:exact"]
+    paths = [(r.lcsb.blocks, r.lcsb.upper_path, r.lcsb.exact_above, r.train.max_steps)
+             for r in (method_recipe(recipe, name, 7) for name in names)]
+    assert paths == [(4, "identity", 0, 7), (2, "identity", 0, 7), (4, "identity", 8, 7), (4, "exact", 0, 7)]
+    assert method_names(load_recipe(LAMP2, ["lcsb.exact_above=3"]), [])[0] == "lcsb:4:exact3"
+    for bad in ("lcsb:4:exactly", "lcsb:0", "lcsb:4:exact-1"):
+        with pytest.raises(BadInput, match="unknown method"):
+            method_names(recipe, [bad])
+    with pytest.raises(BadInput, match="--budget"):
+        method_names(recipe, [], "equal-energy")

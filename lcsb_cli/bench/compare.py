@@ -1,38 +1,72 @@
-"""`lcsb bench`: the recipe's method and each compared method on the same data, seed and model, with
-interleaved timed steps, one worker process per method."""
+"""`lcsb bench`: the recipe's method and each compared method on the same data, seeds and model, with
+interleaved timed steps, one worker process per method, at equal steps or equal time."""
 
 from __future__ import annotations
 
-import multiprocessing
 from pathlib import Path
 
 from ..atomic import write_json_atomic, write_text_atomic
 from ..errors import BadInput
-from ..recipe import Recipe, replace_key, to_dict
+from ..recipe import Recipe, replace_key
 from ..run.summary import step_stats
+from .seeds import combine_seeds, plot_loss_curves
+from .session import BASELINE, BUDGETS, run_session
 from .table import bench_markdown
 
 FIXED = ("full-backprop", "full-backprop+ckpt", "freeze", "lisa", "mezo", "hf-trainer", "hf-trainer:bf16")
-BASELINE = "full-backprop"
+ALL_LAYERS = -1
 
 
-def method_names(recipe: Recipe, compare: list[str]) -> list[str]:
-    own = f"lcsb:{recipe.lcsb.blocks}" if recipe.method == "lcsb" else recipe.method
+def method_names(recipe: Recipe, compare: list[str], budget: str = "equal-steps") -> list[str]:
+    """The recipe's own method, then each compared one; equal-time adds full backprop, whose time is the budget."""
+    if budget not in BUDGETS:
+        raise BadInput(f"--budget: unknown budget {budget!r}; choose from {', '.join(BUDGETS)}")
+    own = _lcsb_name(recipe) if recipe.method == "lcsb" else recipe.method
     for name in compare:
         if name not in FIXED and lcsb_blocks(name) is None:
-            raise BadInput(f"--compare: unknown method {name!r}; choose from {', '.join(FIXED)}, lcsb:K")
-    return list(dict.fromkeys([own, *compare]))
+            raise BadInput(f"--compare: unknown method {name!r}; choose from {', '.join(FIXED)}, lcsb:K, "
+                           "lcsb:K:exact, lcsb:K:exactW")
+    return list(dict.fromkeys([own, *compare, *([BASELINE] if budget == "equal-time" else [])]))
+
+
+def _lcsb_name(recipe: Recipe) -> str:
+    cfg = recipe.lcsb
+    window = ":exact" if cfg.upper_path == "exact" else f":exact{cfg.exact_above}" if cfg.exact_above else ""
+    return f"lcsb:{cfg.blocks}{window}"
 
 
 def lcsb_blocks(name: str) -> int | None:
-    """K of a method named `lcsb:K` (K >= 1), or None for any other name."""
-    kind, _, blocks = name.partition(":")
-    return int(blocks) if kind == "lcsb" and blocks.isdigit() and int(blocks) >= 1 else None
+    """K of a method named `lcsb:K` or `lcsb:K:exact[W]` (K >= 1), or None for any other name."""
+    variant = lcsb_variant(name)
+    return None if variant is None else variant[0]
 
 
-def method_recipe(recipe: Recipe, name: str) -> Recipe:
-    if (blocks := lcsb_blocks(name)) is not None:
-        return replace_key(replace_key(recipe, "method", "lcsb"), "lcsb.blocks", blocks)
+def lcsb_variant(name: str) -> tuple[int, int | None] | None:
+    """(K, W) of `lcsb:K` (W None: the recipe's own upper path), `lcsb:K:exactW` (lcsb.exact_above W) or
+    `lcsb:K:exact` (upper_path exact, W = ALL_LAYERS); None for any other name."""
+    kind, _, rest = name.partition(":")
+    blocks, _, window = rest.partition(":")
+    if kind != "lcsb" or not blocks.isdigit() or int(blocks) < 1:
+        return None
+    if not window:
+        return int(blocks), None
+    if window == "exact":
+        return int(blocks), ALL_LAYERS
+    digits = window.removeprefix("exact")
+    return (int(blocks), int(digits)) if window.startswith("exact") and digits.isdigit() else None
+
+
+def method_recipe(recipe: Recipe, name: str, total_steps: int) -> Recipe:
+    """The recipe as `name` runs it, its LR schedule spanning the bench's `total_steps`."""
+    recipe = replace_key(recipe, "train.max_steps", total_steps)
+    if (variant := lcsb_variant(name)) is not None:
+        blocks, window = variant
+        recipe = replace_key(replace_key(recipe, "method", "lcsb"), "lcsb.blocks", blocks)
+        if window == ALL_LAYERS:
+            return replace_key(recipe, "lcsb.upper_path", "exact")
+        if window is not None:
+            return replace_key(replace_key(recipe, "lcsb.upper_path", "identity"), "lcsb.exact_above", window)
+        return recipe
     if name.startswith("full-backprop"):
         full = replace_key(recipe, "method", "full-backprop")
         return replace_key(full, "activation_checkpointing", name == "full-backprop+ckpt")
@@ -43,72 +77,34 @@ def method_recipe(recipe: Recipe, name: str) -> Recipe:
 
 
 def run_bench(recipe: Recipe, compare: list[str], steps: int, warmup: int, output: Path, evaluate: bool,
-              reporter=None) -> dict:
-    names = method_names(recipe, compare)
+              reporter=None, seeds: int = 1, budget: str = "equal-steps") -> dict:
+    """Every method on the same data and model, once per seed (train.seed, +1, ...), each seed in fresh workers;
+    bench.json holds each method's means, standard deviations and per-seed values."""
+    names = method_names(recipe, compare, budget)
     if recipe.data.user == "all":
         raise BadInput("data.user: bench times one training run per method; use data.user=null (pooled) or a user id")
     if recipe.backend != "cpu" and any(n.startswith("hf-trainer") for n in names):
         raise BadInput("--compare hf-trainer runs on the cpu backend only")
-    workers = {name: _Worker(name, method_recipe(recipe, name), warmup + steps) for name in names}
-    try:
-        for worker in workers.values():
-            worker.setup = worker.receive()
-        for index in range(warmup + steps):
-            for name, worker in workers.items():  # interleaved: A B C A B C ...
-                row = worker.ask("step", index)
-                worker.rows.append(row)
-                if reporter:
-                    reporter(name, row)
-        memory = {name: worker.ask("memory", None) for name, worker in workers.items()}
-        evals = {name: worker.ask("eval", None) if evaluate else None for name, worker in workers.items()}
-    finally:
-        for worker in workers.values():
-            worker.close()
-    result = summarize_bench(names, {n: w.rows[warmup:] for n, w in workers.items()},
-                             {n: w.rows for n, w in workers.items()}, evals, memory)
+    if budget == "equal-time" and any(n.startswith("hf-trainer") for n in names):
+        raise BadInput("--budget equal-time: hf-trainer runs a fixed number of steps; compare it at equal-steps")
+    seed_values = [recipe.train.seed + i for i in range(seeds)]
+    per_seed, rows = [], []
+    for seed in seed_values:
+        seeded = replace_key(recipe, "train.seed", seed)
+        recipes = {name: method_recipe(seeded, name, warmup + steps) for name in names}
+        adapters = output / "adapters" / f"seed-{seed}" if evaluate else None
+        session = run_session(recipes, steps, warmup, budget, evaluate, adapters, reporter)
+        per_seed.append(summarize_bench(names, {n: s["timed"] for n, s in session.items()},
+                                        {n: s["rows"] for n, s in session.items()},
+                                        {n: s["eval"] for n, s in session.items()},
+                                        {n: s["memory"] for n, s in session.items()}))
+        rows.append({n: s["rows"] for n, s in session.items()})
+    result = {**combine_seeds(per_seed, seed_values), "budget": budget, "steps": steps, "warmup": warmup}
     output.mkdir(parents=True, exist_ok=True)
     write_json_atomic(output / "bench.json", result)
     write_text_atomic(output / "bench.md", bench_markdown(result, recipe, steps, warmup))
-    plot_loss_curves({n: w.rows for n, w in workers.items()}, output / "loss_curves.png")
+    plot_loss_curves(rows, output / "loss_curves.png")
     return result
-
-
-class _Worker:
-    def __init__(self, name: str, recipe: Recipe, total_steps: int):
-        from .workers import hf_trainer_worker, lcsb_worker
-
-        context = multiprocessing.get_context("spawn")
-        self.name = name
-        self.conn, child = context.Pipe()
-        if name.startswith("hf-trainer"):
-            target, args = hf_trainer_worker, (child, to_dict(recipe), name.endswith(":bf16"), total_steps)
-        else:
-            target, args = lcsb_worker, (child, to_dict(recipe))
-        self.process = context.Process(target=target, args=args, daemon=True)
-        self.process.start()
-        self.rows: list[dict] = []
-        self.setup: dict = {}
-
-    def ask(self, command: str, arg):
-        self.conn.send((command, arg))
-        return self.receive()
-
-    def receive(self):
-        try:
-            if self.conn.poll(3600):
-                return self.conn.recv()
-        except EOFError:
-            pass
-        raise RuntimeError(f"the bench worker for {self.name} stopped (its error is printed above)")
-
-    def close(self) -> None:
-        try:
-            self.conn.send(("stop", None))
-        except (BrokenPipeError, OSError):
-            pass
-        self.process.join(timeout=30)
-        if self.process.is_alive():
-            self.process.kill()
 
 
 def summarize_bench(names: list[str], timed: dict[str, list[dict]], all_rows: dict[str, list[dict]],
@@ -118,7 +114,8 @@ def summarize_bench(names: list[str], timed: dict[str, list[dict]], all_rows: di
     stats = {name: step_stats(timed[name]) for name in names}
     methods = []
     for name in names:
-        entry = {"name": name, **stats[name], "eval": evals.get(name),
+        entry = {"name": name, **stats[name], "eval": evals.get(name), "steps": len(timed[name]),
+                 "train_time_s": sum(row["step_time_s"] for row in timed[name]),
                  "diverged": any(r.get("event") in ("diverged", "rollback") for r in all_rows[name]),
                  "speedup": stats[baseline]["median_step_time_s"] / stats[name]["median_step_time_s"],
                  "memory": (memory or {}).get(name)}
@@ -137,23 +134,3 @@ def _ideal_speedup(entry: dict, full: dict | None) -> dict:
     ideal = (full["median_forward_s"] + full["median_backward_s"]) / (
         entry["median_forward_s"] + full["median_backward_s"] / blocks)
     return {"ideal_speedup": ideal, "efficiency": entry["speedup"] / ideal}
-
-
-def plot_loss_curves(rows: dict[str, list[dict]], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (by_step, by_time) = plt.subplots(1, 2, figsize=(11, 4))
-    for name, method_rows in rows.items():
-        losses = [r["loss"] for r in method_rows]
-        clock = [sum(r["step_time_s"] for r in method_rows[: i + 1]) for i in range(len(method_rows))]
-        by_step.plot(range(1, len(losses) + 1), losses, label=name)
-        by_time.plot(clock, losses, label=name)
-    by_step.set(xlabel="step", ylabel="training loss", title="loss vs step")
-    by_time.set(xlabel="training time (s)", ylabel="training loss", title="loss vs wall time")
-    by_step.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)

@@ -29,6 +29,8 @@ def bench_tables(result: dict, recipe: Recipe) -> list[BenchTable]:
     when some method has its figures."""
     methods = result["methods"]
     tables = [_main(methods, result["baseline"])]
+    if len(result.get("seeds", [])) > 1:
+        tables.append(_per_seed(methods))
     if any("median_forward_s" in m for m in methods):
         tables.append(_split(methods))
     if any("sim_median_step_time_s" in m for m in methods):
@@ -41,8 +43,9 @@ def bench_tables(result: dict, recipe: Recipe) -> list[BenchTable]:
 def bench_markdown(result: dict, recipe: Recipe, steps: int, warmup: int) -> str:
     lines = [f"# lcsb bench: {recipe.name}", "",
              f"Model {recipe.model.name} ({recipe.model.dtype}, quantization {recipe.quantization}), batch "
-             f"{recipe.train.batch_size}, autocast {recipe.train.autocast}, backend {recipe.backend}; {steps} timed "
-             f"steps per method after {warmup} warm-up steps, interleaved; baseline {result['baseline']}.", ""]
+             f"{recipe.train.batch_size}, autocast {recipe.train.autocast}, backend {recipe.backend}; "
+             f"{_budget(result, steps)} after {warmup} warm-up steps, interleaved; seeds "
+             f"{', '.join(map(str, result['seeds']))}; baseline {result['baseline']}.", ""]
     if any("ideal_speedup" in m for m in result["methods"]):
         lines += [IDEAL, ""]
     for table in bench_tables(result, recipe):
@@ -67,15 +70,46 @@ def rich_table(table: BenchTable) -> Table:
     return rendered
 
 
+def _budget(result: dict, steps: int) -> str:
+    if result.get("budget") == "equal-time":
+        return f"equal time (each method trains as long as full backprop's {steps} timed steps)"
+    return f"{steps} timed steps per method"
+
+
+def _headline(evals: list[dict]) -> str:
+    return next((key for key in ("accuracy", "rougeL", "perplexity") if any(key in e for e in evals)), "accuracy")
+
+
 def _main(methods: list[dict], baseline: str) -> BenchTable:
+    """Means over the seeds, with ± one standard deviation where there are several."""
     evals = [m["eval"] or {} for m in methods]
-    headline = next((key for key in ("accuracy", "rougeL", "perplexity") if any(key in e for e in evals)), "accuracy")
-    columns = ["method", "median step (s)", "tokens/s", "peak RSS (MB)", "final loss", "speedup", "eval loss",
-               f"eval {headline}"]
-    rows = [[m["name"], f"{m['median_step_time_s']:.3f}", f"{m['tokens_per_s']:.0f}", f"{m['peak_mem_mb']:.0f}",
-             f"{m['final_loss']:.4f}", f"{m['speedup']:.2f}x", _cell(e.get("loss"), "{:.4f}"),
-             _cell(e.get(headline), "{:.3f}")] for m, e in zip(methods, evals)]
+    headline = _headline(evals)
+    columns = ["method", "steps", "median step (s)", "tokens/s", "peak RSS (MB)", "final loss", "speedup",
+               "eval loss", f"eval {headline}"]
+    rows = []
+    for m, e in zip(methods, evals):
+        spread = m.get("std", {})
+        eval_spread = spread.get("eval") or {}
+        rows.append([m["name"], f"{m['steps']:g}", f"{m['median_step_time_s']:.3f}", f"{m['tokens_per_s']:.0f}",
+                     f"{m['peak_mem_mb']:.0f}", _pm(m["final_loss"], spread.get("final_loss"), "{:.4f}"),
+                     f"{m['speedup']:.2f}x", _pm(e.get("loss"), eval_spread.get("loss"), "{:.4f}"),
+                     _pm(e.get(headline), eval_spread.get(headline), "{:.3f}")])
     return BenchTable(f"Per method (medians over the timed steps; speedup against {baseline})", columns, rows)
+
+
+def _per_seed(methods: list[dict]) -> BenchTable:
+    headline = _headline([s["eval"] or {} for m in methods for s in m["seeds"]])
+    rows = [[m["name"], str(s["seed"]), str(s["steps"]), f"{s['train_time_s']:.1f}", f"{s['final_loss']:.4f}",
+             _cell((s["eval"] or {}).get("loss"), "{:.4f}"), _cell((s["eval"] or {}).get(headline), "{:.3f}")]
+            for m in methods for s in m["seeds"]]
+    columns = ["method", "seed", "steps", "train time (s)", "final loss", "eval loss", f"eval {headline}"]
+    return BenchTable("Per seed", columns, rows)
+
+
+def _pm(value: float | None, spread: float | None, template: str) -> str:
+    if value is None:
+        return ""
+    return template.format(value) + (f" ± {template.format(spread)}" if spread else "")
 
 
 def _split(methods: list[dict]) -> BenchTable:

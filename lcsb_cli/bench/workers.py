@@ -6,8 +6,10 @@ coordinator interleaves their timed steps (A B A B ...) so drift on a shared mac
 
 from __future__ import annotations
 
+import functools
 import tempfile
 import time
+from pathlib import Path
 
 import torch
 
@@ -33,6 +35,11 @@ def lcsb_worker(conn, recipe_dict: dict) -> None:
             loaded.model.train()
         elif command == "memory":
             conn.send(breakdown(loaded.model, loaded.probe, loaded.runtime_mb, trainer.backend.held_weights()))
+        elif command == "horizon":
+            trainer.lr_scheduler = _stretched_schedule(recipe, trainer, arg)
+            conn.send(None)
+        elif command == "save":
+            conn.send(_save(loaded.model, arg))
         else:
             conn.send(None)
             return
@@ -88,14 +95,41 @@ def hf_trainer_worker(conn, recipe_dict: dict, bf16: bool, total: int) -> None:
     conn.send({"setup_mem_mb": peak_rss_mb()})
     trainer.train()
     while True:
-        command, _ = conn.recv()
+        command, arg = conn.recv()
         if command == "eval":
             conn.send(_evaluate(loaded.model, loaded.tokenizer, recipe))
+        elif command == "save":
+            conn.send(_save(loaded.model, arg))
         elif command == "memory":  # HF's own loss and loop: the engine's probes see none of it
             conn.send(None)
         else:
             conn.send(None)
             return
+
+
+def _stretched_schedule(recipe, trainer, total: int):
+    """The recipe's LR schedule over `total` steps, at the step the trainer has reached (equal-time: the bench sets
+    each method's horizon after a probe). Past `total` the rate holds at its last step's value, not cosine's zero."""
+    from transformers import get_scheduler
+
+    done = trainer.lr_scheduler.last_epoch
+    schedule = get_scheduler(recipe.train.lr_scheduler, trainer.optimizer, num_warmup_steps=recipe.train.warmup_steps,
+                             num_training_steps=total)
+    schedule.lr_lambdas = [functools.partial(_held, rate, total - 1) for rate in schedule.lr_lambdas]
+    for _ in range(done):
+        schedule.step()
+    return schedule
+
+
+def _held(rate, last: int, step: int) -> float:
+    return rate(min(step, last))
+
+
+def _save(model, path: str) -> str:
+    from ..run.resume import save_adapter
+
+    save_adapter(model, Path(path))
+    return path
 
 
 def _evaluate(model, tokenizer, recipe) -> dict:

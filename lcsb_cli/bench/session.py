@@ -1,0 +1,121 @@
+"""One seed of `lcsb bench`: a worker process per method, their steps interleaved under the step or time budget."""
+
+from __future__ import annotations
+
+import multiprocessing
+import statistics
+from pathlib import Path
+
+from ..recipe import Recipe, to_dict
+
+BASELINE = "full-backprop"
+BUDGETS = ("equal-steps", "equal-time")
+PROBE_STEPS = 3  # equal-time: timed steps of every method before each one's LR horizon is set
+
+
+def run_session(recipes: dict[str, Recipe], steps: int, warmup: int, budget: str, evaluate: bool,
+                adapters: Path | None, reporter=None) -> dict[str, dict]:
+    """Each method's step rows, eval (with `evaluate`; its adapter saved under `adapters`) and memory breakdown."""
+    workers = {name: _Worker(name, recipe, warmup + steps) for name, recipe in recipes.items()}
+    try:
+        for worker in workers.values():
+            worker.setup = worker.receive()
+        for _ in range(warmup):
+            _round(workers.values(), reporter)
+        if budget == "equal-steps":
+            for _ in range(steps):
+                _round(workers.values(), reporter)
+        else:
+            _equal_time(workers, steps, warmup, reporter)
+        memory = {name: worker.ask("memory", None) for name, worker in workers.items()}
+        evals = {name: _evaluate(worker, adapters) if evaluate else None for name, worker in workers.items()}
+    finally:
+        for worker in workers.values():
+            worker.close()
+    return {name: {"rows": w.rows, "timed": w.rows[warmup:], "eval": evals[name], "memory": memory[name]}
+            for name, w in workers.items()}
+
+
+def _equal_time(workers: dict, steps: int, warmup: int, reporter) -> None:
+    """Full backprop takes `steps` timed steps; every other method steps while its timed steps' total is under the
+    target, full backprop's total (projected from its median until it is done), so each ends within one step of it.
+    After a short probe each method's LR schedule is stretched to the steps its median predicts."""
+    full = workers[BASELINE]
+    for _ in range(min(PROBE_STEPS, steps)):
+        _round(workers.values(), reporter)
+    predicted = steps * _median_step(full, warmup)
+    for name, worker in workers.items():
+        if name != BASELINE:
+            worker.ask("horizon", warmup + max(1, round(predicted / _median_step(worker, warmup))))
+    while True:
+        done = len(full.rows) - warmup
+        target = _spent(full, warmup) + (steps - done) * _median_step(full, warmup)
+        going = [w for name, w in workers.items()
+                 if (done < steps if name == BASELINE else _spent(w, warmup) < target)]
+        if not going:
+            return
+        _round(going, reporter)
+
+
+def _round(workers, reporter) -> None:
+    for worker in workers:  # interleaved: A B C A B C ...
+        row = worker.ask("step", len(worker.rows))
+        worker.rows.append(row)
+        if reporter:
+            reporter(worker.name, row)
+
+
+def _spent(worker, warmup: int) -> float:
+    return sum(row["step_time_s"] for row in worker.rows[warmup:])
+
+
+def _median_step(worker, warmup: int) -> float:
+    return statistics.median(row["step_time_s"] for row in worker.rows[warmup:])
+
+
+def _evaluate(worker, adapters: Path | None) -> dict:
+    if adapters is not None:
+        worker.ask("save", str(adapters / adapter_dir_name(worker.name)))
+    return worker.ask("eval", None)
+
+
+def adapter_dir_name(method: str) -> str:
+    return method.replace(":", "-")
+
+
+class _Worker:
+    def __init__(self, name: str, recipe: Recipe, total_steps: int):
+        from .workers import hf_trainer_worker, lcsb_worker
+
+        context = multiprocessing.get_context("spawn")
+        self.name = name
+        self.conn, child = context.Pipe()
+        if name.startswith("hf-trainer"):
+            target, args = hf_trainer_worker, (child, to_dict(recipe), name.endswith(":bf16"), total_steps)
+        else:
+            target, args = lcsb_worker, (child, to_dict(recipe))
+        self.process = context.Process(target=target, args=args, daemon=True)
+        self.process.start()
+        self.rows: list[dict] = []
+        self.setup: dict = {}
+
+    def ask(self, command: str, arg):
+        self.conn.send((command, arg))
+        return self.receive()
+
+    def receive(self):
+        try:
+            if self.conn.poll(3600):
+                return self.conn.recv()
+        except EOFError:
+            pass
+        raise RuntimeError(f"the bench worker for {self.name} stopped (its error is printed above)")
+
+    def close(self) -> None:
+        try:
+            self.conn.send(("stop", None))
+        except (BrokenPipeError, OSError):
+            pass
+        self.process.join(timeout=30)
+        if self.process.is_alive():
+            self.process.kill()
