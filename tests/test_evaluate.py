@@ -96,16 +96,23 @@ def tiny_model():
     return recipe, loaded
 
 
-def test_left_padded_scores_equal_unpadded_reference(tiny_model):
+def test_shared_prefix_scores_equal_each_prompt_and_answer_run_whole_and_unpadded(tiny_model):
+    """Prompts of different lengths (left padding), answers of different lengths (right padding), several answers
+    per prompt scored from one KV cache, against a full forward of each prompt + answer alone."""
     recipe, loaded = tiny_model
-    rows = [([5, 6, 7, 8, 9, 10], [11, 0]), ([5, 6], [12, 13, 14, 0]), ([20, 21, 22], [0])]
+    prompts = [[5, 6, 7, 8, 9, 10], [5, 6], [20, 21, 22]]
+    rows = [(0, [11, 0]), (0, [12, 13, 14, 0]), (1, [12, 13, 14, 0]), (1, [0]), (1, [11, 0]), (2, [0])]
     with inference_mode(loaded.model):
-        got = _answer_logprobs(loaded.model, rows, 1, torch.device("cpu"))
-        for (prompt, answer), score in zip(rows, got):
-            ids = torch.tensor([prompt + answer])
-            logp = F.log_softmax(loaded.model(input_ids=ids).logits[0, :-1].float(), -1)
-            reference = sum(logp[len(prompt) - 1 + j, token] for j, token in enumerate(answer))
-            assert math.isclose(float(score), float(reference), rel_tol=1e-4, abs_tol=1e-4)
+        got = _answer_logprobs(loaded.model, prompts, [a for _, a in rows], [o for o, _ in rows], 1,
+                               torch.device("cpu"))
+        worst = 0.0
+        for (owner, answer), score in zip(rows, got):
+            prompt = prompts[owner]
+            logp = F.log_softmax(loaded.model(input_ids=torch.tensor([prompt + answer])).logits[0, :-1].float(), -1)
+            reference = float(sum(logp[len(prompt) - 1 + j, token] for j, token in enumerate(answer)))
+            worst = max(worst, abs(float(score) - reference))
+            assert math.isclose(float(score), reference, rel_tol=1e-5, abs_tol=1e-5)
+    print(f"max abs difference against full-prompt scoring: {worst:.2e}")
 
 
 def test_score_mode_picks_only_from_the_questions_own_tag_list(tiny_model):

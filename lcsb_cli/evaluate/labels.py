@@ -70,14 +70,13 @@ def score_tags(model, tokenizer, questions, prompts, recipe, device) -> list[str
     makes a tag and a longer tag that starts with it ("comedy", "comedy drama") compete fairly; averaging per
     token would favour long tags.
     """
-    rows, owners, tags = [], [], []
-    for index, (question, prompt) in enumerate(zip(questions, prompts)):
+    answers, owners, tags = [], [], []
+    for index, question in enumerate(questions):
         for tag in split_input(question.input)[0]:
-            answer = tokenizer(" " + tag, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
-            rows.append((prompt, answer))
+            answers.append(tokenizer(" " + tag, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id])
             owners.append(index)
             tags.append(tag)
-    scores = _answer_logprobs(model, rows, tokenizer.pad_token_id, device)
+    scores = _answer_logprobs(model, prompts, answers, owners, tokenizer.pad_token_id, device)
     best: dict[int, tuple[float, str]] = {}
     for owner, tag, score in zip(owners, tags, scores.tolist()):
         if owner not in best or score > best[owner][0]:
@@ -85,26 +84,34 @@ def score_tags(model, tokenizer, questions, prompts, recipe, device) -> list[str
     return [best[i][1] for i in range(len(questions))]
 
 
-def _answer_logprobs(model, rows, pad_id: int, device) -> torch.Tensor:
-    """Sum of log-probs of each row's answer tokens. Rows are left-padded so that every answer ends at the last
-    position, and only the logits of the last positions are computed."""
-    width = max(len(p) + len(a) for p, a in rows)
-    tail = max(len(a) for _, a in rows)
-    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+def _answer_logprobs(model, prompts: list[list[int]], answers: list[list[int]], owners: list[int], pad_id: int,
+                     device) -> torch.Tensor:
+    """Sum of log-probs of each answer after its prompt (`owners[i]` indexes prompts). Each prompt runs once,
+    left-padded, keeping its KV cache and only its last position's logits; the cache is gathered over the
+    answers, which all run in one right-padded pass from it."""
+    width = max(map(len, prompts))
+    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
     mask = torch.zeros_like(ids)
-    answers = torch.full((len(rows), tail), -100, dtype=torch.long)
-    for i, (prompt, answer) in enumerate(rows):
-        seq = prompt + answer
-        ids[i, width - len(seq):] = torch.tensor(seq)
-        mask[i, width - len(seq):] = 1
-        answers[i, tail - len(answer):] = torch.tensor(answer)
+    for i, prompt in enumerate(prompts):
+        ids[i, width - len(prompt):] = torch.tensor(prompt)
+        mask[i, width - len(prompt):] = 1
     positions = (mask.cumsum(1) - 1).clamp(min=0)
-    logits = model(input_ids=ids.to(device), attention_mask=mask.to(device), position_ids=positions.to(device),
-                   logits_to_keep=tail + 1).logits[:, :-1].float()
-    logprobs = F.log_softmax(logits, dim=-1)
-    answers = answers.to(device)
-    picked = logprobs.gather(-1, answers.clamp(min=0).unsqueeze(-1)).squeeze(-1)
-    return (picked * (answers != -100)).sum(-1).cpu()
+    out = model(input_ids=ids.to(device), attention_mask=mask.to(device), position_ids=positions.to(device),
+                use_cache=True, logits_to_keep=1)
+    owner = torch.tensor(owners)
+    out.cache.batch_select_indices(owner.to(device))
+    tail = max(map(len, answers))
+    answer_ids = torch.full((len(answers), tail), pad_id, dtype=torch.long)
+    answer_mask = torch.zeros_like(answer_ids)
+    for i, answer in enumerate(answers):
+        answer_ids[i, :len(answer)] = torch.tensor(answer)
+        answer_mask[i, :len(answer)] = 1
+    logits = model(input_ids=answer_ids.to(device), attention_mask=torch.cat([mask[owner], answer_mask], 1).to(device),
+                   position_ids=(positions[owner, -1:] + 1 + torch.arange(tail)).to(device),
+                   cache=out.cache, use_cache=True).logits
+    predicting = torch.cat([out.logits[owner.to(device), -1:], logits[:, :-1]], 1).float()  # logits before each token
+    picked = F.log_softmax(predicting, dim=-1).gather(-1, answer_ids.to(device).unsqueeze(-1)).squeeze(-1)
+    return (picked * answer_mask.to(device)).sum(-1).cpu()
 
 
 def generate_tags(model, tokenizer, questions, prompts, recipe, device) -> list[str]:
