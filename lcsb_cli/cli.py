@@ -229,7 +229,7 @@ def validate(recipe: RecipeArg, overrides: Overrides = None) -> None:
 def bench(
     recipe: RecipeArg,
     overrides: Overrides = None,
-    compare: Annotated[list[str], typer.Option("--compare", help="A method to set against the recipe's: full-backprop, full-backprop+ckpt, freeze, lisa, mezo, hf-trainer, hf-trainer:bf16, lcsb:K. Repeatable.")] = [],  # noqa: B006
+    compare: Annotated[list[str], typer.Option("--compare", help="A method to set against the recipe's: full-backprop, full-backprop+ckpt, freeze, lisa, mezo, hf-trainer, hf-trainer:bf16, lcsb:K, lcsb:K:exact (upper_path exact), lcsb:K:exactW (lcsb.exact_above W). Repeatable.")] = [],  # noqa: B006
     steps: Annotated[int, typer.Option("--steps", min=1, help="Timed steps per method.")] = 8,
     warmup: Annotated[int, typer.Option("--warmup", min=0, help="Untimed steps per method first.")] = 2,
     output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Where bench.json, bench.md and loss_curves.png go (default: OUTPUT_DIR/bench).")] = None,
