@@ -47,7 +47,9 @@ def main() -> None:
     spec = yaml.safe_load(SHAPE.read_text())
     tokenizer = AutoTokenizer.from_pretrained(TOKENIZER_DIR / spec["tokenizer"])
     data = packed_sequences(tokenizer, pretrain_documents(args.seed, args.docs), args.length)
-    model = AutoModelForCausalLM.from_config(AutoConfig.for_model(spec["architecture"], **spec["config"]))
+    special = {"eos_token_id": tokenizer.eos_token_id, "pad_token_id": tokenizer.pad_token_id}
+    model = AutoModelForCausalLM.from_config(AutoConfig.for_model(spec["architecture"], **spec["config"], **special))
+    model.generation_config.update(**special)  # so plain `generate` stops at the end of an answer
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.1, betas=(0.9, 0.95))
     schedule = get_cosine_schedule_with_warmup(optimizer, max(args.steps // 20, 1), args.steps)

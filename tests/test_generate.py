@@ -163,6 +163,17 @@ def test_cli_run_dir_equals_merged_export_and_differs_from_the_base(world):
                                                                                 PROMPTS[0])
 
 
+@pytest.mark.parametrize("model_dir", ["merged", "lamp-tiny"])
+def test_exported_and_shipped_models_name_their_end_of_text(world, model_dir):
+    from transformers import AutoConfig, GenerationConfig
+
+    path = world / model_dir if model_dir == "merged" else REPO / "configs" / "models" / model_dir
+    eos = load_tokenizer(path).eos_token_id
+    assert eos is not None
+    assert AutoConfig.from_pretrained(path).eos_token_id == eos
+    assert GenerationConfig.from_pretrained(path).eos_token_id == eos  # what plain `generate` stops at
+
+
 def test_cli_chat_applies_the_template_to_a_prompt_and_to_messages(world):
     chat = world / "chat.jsonl"
     chat.write_text(json.dumps({"messages": [{"role": "system", "content": "Be brief."},

@@ -77,8 +77,12 @@ def _merged_hf(recipe, adapter: Path, target: Path) -> None:
     from .load import load_tokenizer
 
     merged, base_dir = merged_model(recipe, adapter)
+    tokenizer = load_tokenizer(base_dir)
+    for config in (merged.config, merged.generation_config):  # a base without them would never stop generating
+        config.eos_token_id = config.eos_token_id if config.eos_token_id is not None else tokenizer.eos_token_id
+        config.pad_token_id = config.pad_token_id if config.pad_token_id is not None else tokenizer.pad_token_id
     merged.save_pretrained(target)
-    load_tokenizer(base_dir).save_pretrained(target)
+    tokenizer.save_pretrained(target)
 
 
 def _merged_gguf(recipe, adapter: Path, target: Path, outtype: str) -> None:
