@@ -97,7 +97,10 @@ def train(
     force: Annotated[bool, typer.Option("--force", help="Replace another run in the output dir.")] = False,
     nproc: Annotated[int, typer.Option("--nproc", min=1, help="Data-parallel processes (launched with torchrun; gloo on CPU, nccl on CUDA).")] = 1,
 ) -> None:
-    """Fine-tune with LoRA as the recipe says; writes config.yaml, metrics.jsonl, checkpoints/, adapter/, summary.json."""
+    """Fine-tune with LoRA as the recipe says; writes config.yaml, metrics.jsonl, checkpoints/, adapter/, summary.json.
+
+    Ctrl-C (SIGINT) checkpoints and exits 130; SIGTERM, the overnight window's end and max_minutes checkpoint and
+    exit 0, as a scheduler expects."""
     from .report import RichReporter
     from .run.engine import train as train_one
     from .run.per_user import train_per_user
@@ -108,7 +111,10 @@ def train(
     if nproc > 1 and "WORLD_SIZE" not in os.environ:
         sys.exit(_launch(loaded, recipe, overrides or [], nproc, resume, force))
     run = train_per_user if loaded.data.user == "all" else train_one
-    run(loaded, Path(loaded.output_dir), RichReporter(err), resume=resume, force=force)
+    summary = run(loaded, Path(loaded.output_dir), RichReporter(err), resume=resume, force=force)
+    if summary.get("stopped") == "SIGINT":  # checkpointed, yet `lcsb train ... && next` must not run on
+        err.print(f"interrupted: checkpointed at step {summary.get('steps')}; continue with --resume", highlight=False)
+        sys.exit(130)
 
 
 def _launch(loaded, recipe: str, overrides: list[str], nproc: int, resume: bool, force: bool) -> int:

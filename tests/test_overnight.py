@@ -176,6 +176,21 @@ def test_cli_sigterm_exits_0_and_resume_finishes_with_a_morning_report(tmp_path)
     assert "before training" in (run / "report.md").read_text()
 
 
+def test_cli_ctrl_c_checkpoints_and_exits_130(tmp_path):
+    run = tmp_path / "run"
+    proc = _lcsb("train", str(REPO / "tests" / "tiny.yaml"), "train.max_steps=400", "train.save_every=0",
+                 "--output", str(run))
+    deadline = time.monotonic() + 300
+    while _steps_logged(run) < 2 and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 130, err
+    stopped_at = json.loads((run / "summary.json").read_text())["steps"]
+    assert 2 <= stopped_at < 400 and (run / "checkpoints" / f"step-{stopped_at}").is_dir()
+    assert err.strip().splitlines()[-1] == f"interrupted: checkpointed at step {stopped_at}; continue with --resume"
+
+
 def _sample_with_bad_lines(tmp_path) -> Path:
     lines = (REPO / "recipes" / "data" / "personal" / "messages.jsonl").read_text().splitlines()
     lines[3] = '{"id": "broken", "text": "no label here", "timestamp": 0}'
