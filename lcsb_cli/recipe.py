@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import difflib
-import math
-import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -13,6 +10,7 @@ from pathlib import Path
 import yaml
 
 from .errors import BadInput
+from .recipe_yaml import apply_override, build, resolve_paths
 from .selective import IDLE_UPDATES, SCHEDULES, UPPER_PATHS
 from .window import parse_window
 
@@ -189,8 +187,6 @@ MINIMUMS = {
     "overnight.max_temp_c": 0.0, "memory.malloc_mmap_threshold_kb": 0, "memory.kernel_cache": 0, "lcsb.exact_above": 0}
 DATA_FILES = {"jsonl": "phone-collected labels, one JSON object a line", "text": ".txt or JSONL {\"text\"}",
               "completion": "JSONL {\"prompt\", \"completion\"}", "chat": "JSONL {\"messages\"}"}
-PATH_KEYS = ("data.train", "data.train_labels", "data.eval", "data.eval_labels")
-NAME_OR_PATH_KEYS = ("model.name", "npu_sim.device")  # a built-in name, or a path (a "/" in it, or a .gguf file)
 
 
 def load_recipe(path: str | Path, overrides: typing.Sequence[str] = ()) -> Recipe:
@@ -211,17 +207,17 @@ def load_recipe(path: str | Path, overrides: typing.Sequence[str] = ()) -> Recip
         raise BadInput(f"{path}: not valid YAML{where}: {getattr(exc, 'problem', exc)}") from exc
     if not isinstance(raw, dict):
         raise BadInput(f"{path}: a recipe is a YAML mapping of keys (name, model, method, ...)")
-    _resolve_paths(raw, path.parent)
+    resolve_paths(raw, path.parent)
     for item in overrides:
-        _apply_override(raw, item)
-    recipe = _build(Recipe, raw, "", source=str(path))
+        apply_override(raw, item, Recipe)
+    recipe = build(Recipe, raw, "", source=str(path))
     recipe.output_dir = recipe.output_dir or f"runs/{recipe.name}"
     validate(recipe)
     return recipe
 
 
 def recipe_from_dict(raw: dict, source: str = "config.yaml") -> Recipe:
-    recipe = _build(Recipe, raw, "", source=source)
+    recipe = build(Recipe, raw, "", source=source)
     validate(recipe)
     return recipe
 
@@ -310,91 +306,3 @@ def get_key(recipe: Recipe, dotted: str):
     for part in dotted.split("."):
         value = getattr(value, part)
     return value
-
-
-def _resolve_paths(raw: dict, base: Path) -> None:
-    for key in PATH_KEYS:
-        section, name = key.split(".")
-        value = (raw.get(section) or {}).get(name) if isinstance(raw.get(section), dict) else None
-        if isinstance(value, str):
-            raw[section][name] = str((base / value).resolve())
-    for key in NAME_OR_PATH_KEYS:
-        section, name = key.split(".")
-        node = raw.get(section)
-        if isinstance(node, dict) and _path_like(node.get(name)):
-            node[name] = str((base / Path(node[name]).expanduser()).resolve())
-
-
-def _path_like(value) -> bool:
-    return isinstance(value, str) and ("/" in value or value.lower().endswith(".gguf"))
-
-
-def _apply_override(raw: dict, item: str) -> None:
-    key, sep, text = item.partition("=")
-    if not sep or not key:
-        raise BadInput(f"override {item!r}: write KEY=VALUE, e.g. train.max_steps=20")
-    try:
-        value = yaml.safe_load(text) if text else None
-    except yaml.YAMLError:
-        value = text
-    if (key in PATH_KEYS and value is not None) or (key in NAME_OR_PATH_KEYS and _path_like(value)):
-        # the text as typed unless YAML read a string (a file named 2024 stays "2024"); `data.eval=null` clears
-        value = str(Path(value if isinstance(value, str) else text).expanduser().resolve())
-    *parents, leaf = key.split(".")
-    node = raw
-    for part in parents:
-        child = node.setdefault(part, {})
-        if not isinstance(child, dict):
-            raise BadInput(f"override {item!r}: {part} is not a section")
-        node = child
-    node[leaf] = value
-
-
-def _build(cls, raw, prefix: str, source: str):
-    if not isinstance(raw, dict):
-        raise BadInput(f"{source}: {prefix.rstrip('.') or 'recipe'} must be a mapping of keys")
-    hints = typing.get_type_hints(cls)
-    names = [f.name for f in dataclasses.fields(cls)]
-    values = {}
-    for key, value in raw.items():
-        if key not in names:
-            close = difflib.get_close_matches(str(key), names, n=1)
-            hint = f"; did you mean {prefix}{close[0]}?" if close else f"; known keys: {', '.join(names)}"
-            raise BadInput(f"{source}: unknown key {prefix}{key}{hint}")
-        values[key] = _coerce(hints[key], value, f"{prefix}{key}", source)
-    return cls(**values)
-
-
-def _coerce(hint, value, key: str, source: str):
-    if dataclasses.is_dataclass(hint):
-        return _build(hint, value if value is not None else {}, key + ".", source)
-    origin, args = typing.get_origin(hint), typing.get_args(hint)
-    if origin in (typing.Union, types.UnionType):
-        if value is None and type(None) in args:
-            return None
-        hint = next(a for a in args if a is not type(None))
-        origin, args = typing.get_origin(hint), typing.get_args(hint)
-    if origin is list:
-        if isinstance(value, str):
-            value = [v.strip() for v in value.split(",") if v.strip()]
-        if not isinstance(value, list) or not all(isinstance(v, args[0]) for v in value):
-            raise BadInput(f"{source}: {key} must be a list of {args[0].__name__}, got {value!r}")
-        return value
-    if hint is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
-    if hint is float and isinstance(value, str):
-        try:
-            value = float(value)  # YAML 1.1 reads 1e-4 as a string
-        except ValueError:
-            pass
-    if hint is float and isinstance(value, float) and not math.isfinite(value):
-        raise BadInput(f"{source}: {key} must be a finite number, got {value!r}")
-    if hint is str and isinstance(value, (int, float)) and not isinstance(value, bool):
-        return str(value)
-    if not isinstance(value, hint) or (hint is int and isinstance(value, bool)):
-        raise BadInput(f"{source}: {key} must be {_type_name(hint)}, got {value!r}")
-    return value
-
-
-def _type_name(hint) -> str:
-    return {int: "an integer", float: "a number", str: "a string", bool: "true or false"}.get(hint, str(hint))

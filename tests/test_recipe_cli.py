@@ -201,10 +201,25 @@ def test_subprocess_validate_ok():
 def test_subprocess_bad_input_stderr_exact():
     proc = run_lcsb("validate", "recipes/lamp2.yaml", "lcsb.blcks=2")
     assert proc.returncode == 2 and proc.stdout == ""
-    assert proc.stderr == "error: recipes/lamp2.yaml: unknown key lcsb.blcks; did you mean lcsb.blocks?\n"
+    assert proc.stderr == ("error: command line: override 'lcsb.blcks=2': unknown key lcsb.blcks; did you mean "
+                           "lcsb.blocks?\n")  # the typo is on the command line, not in the file
     proc = run_lcsb("validate", "recipes/lamp2.yaml", "backend=tpu")
     assert proc.returncode == 2
     assert proc.stderr == "error: backend: 'tpu' is not one of cpu, cuda, npu-sim\n"
+
+
+def test_a_hub_id_is_refused_at_validate_with_how_to_fetch_it(tmp_path):
+    hub = "error: model.name: 'Qwen/Qwen2.5-0.5B' is no local path, and lcsb downloads nothing; fetch it yourself " \
+          "with `hf download Qwen/Qwen2.5-0.5B --local-dir DIR`, then set model.name=DIR\n"
+    proc = run_lcsb("validate", "recipes/lamp2.yaml", "model.name=Qwen/Qwen2.5-0.5B")
+    assert (proc.returncode, proc.stdout, proc.stderr) == (2, "", hub)
+    recipe = tmp_path / "hub.yaml"
+    recipe.write_text((REPO / "recipes" / "lamp2.yaml").read_text() + "\nmodel: {name: Qwen/Qwen2.5-0.5B}\n")
+    proc = run_lcsb("validate", str(recipe))
+    assert (proc.returncode, proc.stderr) == (2, hub)
+    (tmp_path / "Qwen" / "Qwen2.5-0.5B").mkdir(parents=True)  # a local dir of that name is a path, as typed
+    assert run_lcsb("validate", str(REPO / "recipes" / "lamp2.yaml"), "model.name=Qwen/Qwen2.5-0.5B",
+                    cwd=tmp_path).returncode == 0
 
 
 # --- run dir safety ------------------------------------------------------------------------------
