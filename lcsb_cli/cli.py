@@ -41,18 +41,37 @@ class OneLineErrors(typer.Typer):
         sys.exit(code if isinstance(code, int) else 0)
 
 
-app = OneLineErrors(add_completion=False, no_args_is_help=True, help="LoRA fine-tuning with layer-cyclic selective backprop.")
+app = OneLineErrors(add_completion=False, no_args_is_help=True, rich_markup_mode="markdown",
+                   context_settings={"help_option_names": ["-h", "--help"]}, help="LoRA fine-tuning with layer-cyclic selective backprop. Every verb's -h has examples; "
+                        "`lcsb validate RECIPE` prints every recipe key, resolved.")
 err = Console(stderr=True)
 out = Console()
 STATE = {"debug": False}
 RECIPES_DIR = Path(__file__).resolve().parent.parent / "recipes"
+
+def flag(*names: str, help: str):  # noqa: A002 - typer's own name
+    """A boolean switch, shown as a flag in help rather than `<bool>`."""
+    return typer.Option(*names, help=help, metavar="")
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        from importlib.metadata import version
+
+        out.print(f"lcsb {version('lcsb')}", highlight=False)
+        raise typer.Exit()
+
 
 RecipeArg = Annotated[str, typer.Argument(help="A recipe YAML file, or the name of a shipped recipe (see `lcsb recipes`).")]
 Overrides = Annotated[Optional[list[str]], typer.Argument(help="Dotted KEY=VALUE overrides, e.g. train.max_steps=20 lcsb.blocks=2.")]
 
 
 @app.callback()
-def main(debug: Annotated[bool, typer.Option("--debug", help="Show the traceback of any error.")] = False) -> None:
+def main(
+    debug: Annotated[bool, flag("--debug", help="Show the traceback of any error.")] = False,
+    version: Annotated[bool, typer.Option("--version", help="Print the version and exit.", metavar="",
+                                          is_eager=True, callback=_print_version)] = False,
+) -> None:
     STATE["debug"] = debug
 
 
@@ -93,14 +112,17 @@ def train(
     recipe: RecipeArg,
     overrides: Overrides = None,
     output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Run directory (default: the recipe's output_dir).")] = None,
-    resume: Annotated[bool, typer.Option("--resume", help="Continue the run in the output dir from its last checkpoint.")] = False,
-    force: Annotated[bool, typer.Option("--force", help="Replace another run in the output dir.")] = False,
+    resume: Annotated[bool, flag("--resume", help="Continue the run in the output dir from its last checkpoint.")] = False,
+    force: Annotated[bool, flag("--force", help="Replace another run in the output dir.")] = False,
     nproc: Annotated[int, typer.Option("--nproc", min=1, help="Data-parallel processes (launched with torchrun; gloo on CPU, nccl on CUDA).")] = 1,
 ) -> None:
     """Fine-tune with LoRA as the recipe says; writes config.yaml, metrics.jsonl, checkpoints/, adapter/, summary.json.
 
     Ctrl-C (SIGINT) checkpoints and exits 130; SIGTERM, the overnight window's end and max_minutes checkpoint and
-    exit 0, as a scheduler expects."""
+    exit 0, as a scheduler expects.
+
+    Examples: `lcsb train lamp2` · `lcsb train my.yaml train.max_steps=200 lcsb.blocks=2 -o runs/k2` ·
+    `lcsb train my.yaml -o runs/k2 --resume`. Recipe keys: `lcsb validate RECIPE` prints them all, resolved."""
     from .report import RichReporter
     from .run.engine import train as train_one
     from .run.per_user import train_per_user
@@ -137,7 +159,11 @@ def eval_(
     adapter: Annotated[Optional[Path], typer.Option("--adapter", help="A PEFT adapter dir to evaluate.")] = None,
     output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Where eval.json and predictions.json go (default: the run dir or the recipe's output_dir).")] = None,
 ) -> None:
-    """LaMP-2 accuracy and macro-F1 of a base model, an adapter or a finished run."""
+    """Held-out metrics (loss, and accuracy/macro-F1 or exact match/ROUGE as the format has) of a base model, an
+    adapter or a finished run.
+
+    Examples: `lcsb eval lamp2` (the base) · `lcsb eval runs/lamp2` (the run's adapter) ·
+    `lcsb eval lamp2 --adapter DIR -o runs/check`. Recipe keys: `lcsb validate RECIPE` prints them all, resolved."""
     from .evaluate import run_eval
     from .report import eval_table
 
@@ -205,13 +231,16 @@ def generate(
                                                   "message).")] = None,
     file: Annotated[Optional[Path], typer.Option("--file", help='JSONL of {"prompt": TEXT} lines, or with --chat '
                                                  '{"messages": [...]} lines; one generation per line.')] = None,
-    chat: Annotated[bool, typer.Option("--chat", help="Wrap each prompt in the tokenizer's chat template.")] = False,
+    chat: Annotated[bool, flag("--chat", help="Wrap each prompt in the tokenizer's chat template.")] = False,
     max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", min=1, help="New tokens at most.")] = 128,
     temperature: Annotated[float, typer.Option("--temperature", min=0.0, help="0: greedy; above 0: sampling at this "
                                                "temperature.")] = 0.0,
     seed: Annotated[int, typer.Option("--seed", help="The sampling seed (temperature above 0).")] = 0,
 ) -> None:
-    """Decode with the KV cache and stream each generation to the terminal."""
+    """Decode with the KV cache and stream each generation to the terminal.
+
+    Examples: `lcsb generate runs/chat --chat --prompt "Hi"` · `lcsb generate runs/lamp2 --user u1 --file q.jsonl` ·
+    `lcsb generate merged/ --prompt "Once" --temperature 0.8`. Recipe keys: `lcsb validate RECIPE` prints them all, resolved."""
     from .generate import read_inputs, run_generate
 
     if (prompt is None) == (file is None):
@@ -226,7 +255,9 @@ def generate(
 @app.command()
 @handled
 def validate(recipe: RecipeArg, overrides: Overrides = None) -> None:
-    """Check a recipe (and overrides) and print it resolved, every default filled in."""
+    """Check a recipe (and overrides) and print it resolved, every default filled in: the list of recipe keys.
+
+    Examples: `lcsb validate lamp2` · `lcsb validate my.yaml train.lr=1e-4 quantization=nf4`."""
     out.print(dump(load_recipe(recipe_path(recipe), overrides or [])), markup=False, highlight=False, end="")
 
 
@@ -239,11 +270,14 @@ def bench(
     steps: Annotated[int, typer.Option("--steps", min=1, help="Timed steps per method.")] = 8,
     warmup: Annotated[int, typer.Option("--warmup", min=0, help="Untimed steps per method first.")] = 2,
     output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Where bench.json, bench.md and loss_curves.png go (default: OUTPUT_DIR/bench).")] = None,
-    evaluate: Annotated[bool, typer.Option("--eval/--no-eval", help="Evaluate each method on the recipe's eval set afterwards (its adapter is kept under OUTPUT/adapters/).")] = False,
+    evaluate: Annotated[bool, flag("--eval/--no-eval", help="Evaluate each method on the recipe's eval set afterwards (its adapter is kept under OUTPUT/adapters/).")] = False,
     seeds: Annotated[int, typer.Option("--seeds", min=1, help="Run every method with this many seeds (train.seed, +1, ...); mean ± std.")] = 1,
     budget: Annotated[str, typer.Option("--budget", help="equal-steps: every method takes --steps; equal-time: each trains as long as full backprop's --steps take.")] = "equal-steps",
 ) -> None:
-    """Methods side by side on one recipe: interleaved timed steps, one process per method."""
+    """Methods side by side on one recipe: interleaved timed steps, one process per method.
+
+    Examples: `lcsb bench lamp2 --compare full-backprop` · `lcsb bench my.yaml --compare full-backprop
+    --compare lcsb:4:exact --seeds 3 --budget equal-time --eval`. Recipe keys: `lcsb validate RECIPE` prints them all, resolved."""
     from .bench.compare import method_names, run_bench
     from .bench.table import bench_rich
 
@@ -262,14 +296,17 @@ def export(
     run_dir: Annotated[Path, typer.Argument(help="A finished run directory.")],
     output: Annotated[Path, typer.Option("--output", "-o", help="A new (or empty) directory to write; with "
                                          "--format gguf, a new .gguf file.")],
-    merge: Annotated[bool, typer.Option("--merge", help="Write the base model with the adapter merged in.")] = False,
+    merge: Annotated[bool, flag("--merge", help="Write the base model with the adapter merged in.")] = False,
     fmt: Annotated[str, typer.Option("--format", help="Merged model as an HF checkpoint dir (hf) or one GGUF "
                                      "file that llama.cpp loads (gguf).")] = "hf",
     outtype: Annotated[Optional[str], typer.Option("--outtype", help="GGUF matrices: f16 (default) | bf16 | "
                                                    "q8_0; 1-D tensors stay f32.")] = None,
     user: Annotated[Optional[str], typer.Option("--user", help="For a per-user run: whose adapter.")] = None,
 ) -> None:
-    """Write a run's adapter (PEFT format) or, with --merge, a standalone merged model (HF dir or GGUF file)."""
+    """Write a run's adapter (PEFT format) or, with --merge, a standalone merged model (HF dir or GGUF file).
+
+    Examples: `lcsb export runs/lamp2 -o adapter/` · `lcsb export runs/chat --merge -o merged/` ·
+    `lcsb export runs/chat --merge --format gguf -o chat.gguf`."""
     from .model.export import export_run
 
     written = export_run(run_dir, output, merge, user, fmt, outtype)
@@ -280,7 +317,9 @@ def export(
 @app.command()
 @handled
 def recipes() -> None:
-    """List the shipped recipes."""
+    """List the shipped recipes (use a name wherever a recipe file goes).
+
+    Example: `lcsb recipes`, then `lcsb validate lamp2`."""
     paths = sorted(RECIPES_DIR.glob("*.yaml"))
     width = max((len(path.stem) for path in paths), default=0)
     for path in paths:

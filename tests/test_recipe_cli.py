@@ -208,6 +208,20 @@ def test_subprocess_bad_input_stderr_exact():
     assert proc.stderr == "error: backend: 'tpu' is not one of cpu, cuda, npu-sim\n"
 
 
+def test_version_and_short_help_with_examples_and_flags_shown_as_flags():
+    from importlib.metadata import version
+
+    proc = run_lcsb("--version")
+    assert (proc.returncode, proc.stdout) == (0, f"lcsb {version('lcsb')}\n")
+    for verb in ("train", "eval", "generate", "validate", "bench", "export", "recipes"):
+        proc = run_lcsb(verb, "-h")
+        assert proc.returncode == 0 and "Example" in proc.stdout, verb
+        assert verb in ("validate", "export", "recipes") or "lcsb validate RECIPE" in " ".join(proc.stdout.split())
+        flags = [line for line in proc.stdout.splitlines()
+                 if any(f"--{name}" in line for name in ("resume", "force", "chat", "merge", "eval"))]
+        assert not any("<bool>" in line for line in flags), flags
+
+
 def test_a_hub_id_is_refused_at_validate_with_how_to_fetch_it(tmp_path):
     hub = "error: model.name: 'Qwen/Qwen2.5-0.5B' is no local path, and lcsb downloads nothing; fetch it yourself " \
           "with `hf download Qwen/Qwen2.5-0.5B --local-dir DIR`, then set model.name=DIR\n"
