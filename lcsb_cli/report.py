@@ -123,7 +123,7 @@ EVAL_COLUMNS = {"accuracy": "accuracy", "macro_f1": "macro-F1", "majority_accura
 
 def eval_table(result: dict) -> Table:
     mode = f"{result['mode']}, " if result["format"] in ("lamp2", "jsonl") else ""
-    table = Table(title=f"{result['task']} eval ({mode}{result['n']} held-out items)")
+    table = Table(title=f"{result['task']} eval of the {result['evaluated']} ({mode}{result['n']} held-out items)")
     shown = [key for key in EVAL_COLUMNS if key in result]
     for key in shown:
         table.add_column(EVAL_COLUMNS[key], justify="right")

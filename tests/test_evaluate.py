@@ -156,6 +156,11 @@ def test_heldout_files_train_and_evaluate_and_predictions_recompute(tmp_path, of
     assert recomputed["accuracy"] == saved["accuracy"] == result["accuracy"]
     assert recomputed["macro_f1"] == saved["macro_f1"]
     assert {"majority_accuracy", "per_tag", "top_confusions"} <= set(saved)
+    assert (saved["evaluated"], saved["adapter"], saved["run_dir"]) == (f"adapter {run_dir / 'adapter'}",
+                                                                      str(run_dir / "adapter"), str(run_dir))
+    assert saved["model"] == recipe.model.name and saved["recipe"]["data"]["profile_k"] == 2
+    base = run_eval(recipe, tmp_path / "base")
+    assert (base["evaluated"], base["adapter"], base["run_dir"]) == (f"base model {recipe.model.name}", None, None)
 
 
 def test_generate_mode_writes_stripped_answers(tmp_path):
@@ -185,3 +190,5 @@ def test_per_user_runs_train_one_adapter_each_and_report_per_user(tmp_path, offi
     assert list(users(recipe)) == two_users
     result = run_eval(recipe, run_dir, None, run_dir)
     assert set(result["users"]) == set(two_users) and result["n"] == len(subset)
+    assert result["evaluated"] == f"per-user adapters in {run_dir / 'adapters'}"
+    assert [result["users"][u]["adapter"] for u in two_users] == [str(run_dir / "adapters" / u) for u in two_users]

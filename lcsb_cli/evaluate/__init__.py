@@ -73,10 +73,21 @@ def run_eval(recipe: Recipe, output: Path, adapter: Path | None = None, run_dir:
         if task.labels is not None:
             metrics["majority_accuracy"] = majority_accuracy([q.output for q in task.train], [q.output for q in items])
     result = {"task": task_name(recipe), "format": recipe.data.format, "mode": recipe.eval.mode,
-              "model": recipe.model.name, "adapter": str(adapter) if adapter else None,
-              "profile_k": recipe.data.profile_k, **metrics}
+              **evaluated(recipe, adapter, run_dir), "profile_k": recipe.data.profile_k, **metrics}
     write_results(output, result, None if preds is None else predictions_file(items, preds, task_name(recipe)))
     return result
+
+
+def evaluated(recipe: Recipe, adapter: Path | None, run_dir: Path | None) -> dict:
+    """What an eval.json scored: the base model, one adapter, or each user's adapter of a per-user run dir."""
+    from ..recipe import to_dict
+
+    per_user = recipe.data.user == "all" and run_dir is not None and adapter is None
+    what = (f"per-user adapters in {run_dir / 'adapters'}" if per_user else f"adapter {adapter}" if adapter
+            else f"base model {recipe.model.name}")
+    return {"evaluated": what, "model": recipe.model.name, "adapter": str(adapter) if adapter else None,
+            "adapters": str(run_dir / "adapters") if per_user else None,
+            "run_dir": str(run_dir) if run_dir else None, "recipe": to_dict(recipe)}
 
 
 def _per_user_eval(loaded, recipe: Recipe, run_dir: Path | None):
@@ -90,7 +101,8 @@ def _per_user_eval(loaded, recipe: Recipe, run_dir: Path | None):
         user_preds, metrics = evaluate_items(loaded.model, loaded.tokenizer, user_questions, recipe, TAGS)
         majority = majority_accuracy([q.output for q in user_profile_questions(user_questions)],
                                      [q.output for q in user_questions])
-        per_user[user_id] = {**summary_row(metrics), "majority_accuracy": majority}
+        per_user[user_id] = {**summary_row(metrics), "majority_accuracy": majority,
+                             "adapter": str(run_dir / "adapters" / user_id) if run_dir is not None else None}
         hits += round(majority * len(user_questions))
         items += user_questions
         preds += user_preds
