@@ -22,7 +22,8 @@ def sparkline(values) -> str:
 
 
 class RichReporter:
-    """A live progress bar on a terminal (loss trend, tok/s, memory, active block); plain lines elsewhere."""
+    """A live progress bar on a terminal (loss trend, lr, tok/s, memory, active block); without one, plain
+    mlx-lm-style lines (no glyphs, no wrapping). Held-out rows (train.eval_every) print as lines either way."""
 
     def __init__(self, console: Console | None = None):
         self.console = console or Console(stderr=True)
@@ -36,7 +37,8 @@ class RichReporter:
         self.console.print(
             f"[bold]{recipe.name}[/]: {recipe.method} (K={blocks}) on {recipe.model.name}, "
             f"{info['layers']} layers, {info['params']:,} LoRA params, backend {recipe.backend} -> {info['run_dir']}"
-            + (f" [yellow](resumed at step {info['first_step']})[/]" if info["first_step"] else "")
+            + (f" [yellow](resumed at step {info['first_step']})[/]" if info["first_step"] else ""),
+            soft_wrap=True,
         )
         for note in info.get("notes", []):
             self.console.print(f"[yellow]warning:[/] skipped checkpoint step-{note['step']}: {note['reason']}; "
@@ -52,23 +54,30 @@ class RichReporter:
             )
 
     def on_step(self, row: dict) -> None:
+        if "loss" not in row:  # a held-out row, or an event of its own
+            self.console.print(f"step {row['step']}: {held_out_line(row)}", highlight=False, soft_wrap=True)
+            return
         if math.isfinite(row.get("loss") or math.nan):
             self.losses.append(row["loss"])
         block = "all" if row.get("active_block") is None else row["active_block"]
+        trend = f" {sparkline(self.losses)}" if self.progress is not None else ""
         status = (
-            f"loss {row['loss']:.4f} {sparkline(self.losses)}  {row['tokens_per_s']:.0f} tok/s  "
+            f"loss {row['loss']:.4f}{trend}  lr {row['lr']:.2e}  {row['tokens_per_s']:,.0f} tok/s  "
             f"{row['peak_mem_mb']:.0f} MB  block {block}" + _simulated(row)
             + (f"  [red]{row['event']}[/]" if "event" in row else "")
         )
         if self.progress is not None:
             self.progress.update(self.task, completed=row["step"], status=status)
         else:
-            self.console.print(f"step {row['step']}: {status}", highlight=False)
+            self.console.print(f"step {row['step']}: {status}", highlight=False, soft_wrap=True)
 
     def on_end(self, summary: dict) -> None:
         if self.progress is not None:
             self.progress.stop()
         self.console.print(key_value_table("summary", summary))
+        if summary.get("adapter"):
+            self.console.print(f"adapter saved to {summary['adapter']}; next: lcsb eval {summary['run_dir']}",
+                               highlight=False, soft_wrap=True)
 
     def for_user(self, user_id: str) -> "UserLine":
         return UserLine(self.console, user_id)
@@ -93,6 +102,11 @@ class UserLine:
         )
 
 
+def held_out_line(row: dict) -> str:
+    """`eval_loss 1.2345, eval_accuracy 0.5000`; any other row's fields as they are."""
+    return ", ".join(f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}" for k, v in row.items() if k != "step")
+
+
 def _simulated(row: dict) -> str:
     if "sim_step_time_s" not in row:
         return ""
@@ -103,8 +117,13 @@ def _simulated(row: dict) -> str:
 def key_value_table(title: str, data: dict) -> Table:
     table = Table(title=title, show_header=False)
     for key, value in _flat(data):
-        table.add_row(key, f"{value:.4g}" if isinstance(value, float) else str(value))
+        table.add_row(key, number(value) if isinstance(value, float) else str(value))
     return table
+
+
+def number(value: float) -> str:
+    """Plain digits for large figures (18,040 tok/s, not 1.804e+04); four significant digits otherwise."""
+    return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.4g}"
 
 
 def _flat(data: dict, prefix: str = ""):

@@ -192,3 +192,24 @@ def test_other_runtime_errors_are_not_disguised_as_memory_errors(tmp_path, monke
     monkeypatch.setattr(engine.Trainer, "step", lambda self, step: (_ for _ in ()).throw(RuntimeError("shape mismatch")))
     with pytest.raises(RuntimeError, match="shape mismatch"):
         run_train(tmp_path / "run", "train.max_steps=2")
+
+
+def test_without_a_terminal_the_run_prints_plain_whole_lines(tmp_path):
+    from rich.console import Console
+
+    from lcsb_cli.report import SPARKS, RichReporter, number
+    from lcsb_cli.run.engine import train
+
+    console = Console(file=open(tmp_path / "log.txt", "w"), width=80, force_terminal=False)
+    run_dir = tmp_path / "a-run-directory-with-a-long-name-so-the-header-would-wrap-at-eighty"
+    summary = train(load_recipe(LAMP2, ["train.max_steps=4", "train.eval_every=4"]), run_dir, RichReporter(console))
+    console.file.close()
+    lines = (tmp_path / "log.txt").read_text().splitlines()
+    assert any(line.endswith(f"-> {run_dir}") for line in lines)  # the header is one line
+    steps = [line for line in lines if line.startswith("step ") and " loss " in line]
+    assert len(steps) == 4 and all(" lr " in line and " tok/s " in line for line in steps)
+    assert not any(char in "".join(lines) for char in SPARKS)
+    assert [line.split(":")[0] for line in lines if "eval_loss" in line] == ["step 4"]
+    assert lines[-1] == f"adapter saved to {run_dir / 'adapter'}; next: lcsb eval {run_dir}"
+    assert summary["load_time_s"] > 0 and summary["peak_mem_mb"] == summary["memory"]["peak_rss_mb"]
+    assert (number(18040.2), number(0.012345), number(449.31)) == ("18,040", "0.01235", "449.3")

@@ -46,6 +46,8 @@ def train(recipe: Recipe, run_dir: Path, reporter: Reporter, resume: bool = Fals
 
 
 def _train(recipe, run_dir, reporter, resume, force, adapter_dir, job, world, task, owner) -> dict:
+    started = time.perf_counter()
+
     def setup() -> tuple[Run, int]:
         trainer, loaded, task_data = build_trainer(recipe, world, task)
         first_step, wall_before, notes = resume_state(run_dir, trainer) if resume else (0, 0.0, [])
@@ -56,6 +58,7 @@ def _train(recipe, run_dir, reporter, resume, force, adapter_dir, job, world, ta
     run = rundir.open_run(run_dir, recipe, resume, force, world, setup, job if owner else None)
     if run is None:
         return {"stopped": job.signals.requested, "steps": 0}
+    run.load_time_s = time.perf_counter() - started
     run.reporter.on_start({"recipe": recipe, "run_dir": run_dir, "first_step": run.first_step, "notes": run.notes,
                            "params": sum(p.numel() for p in run.trainer.params), "layers": len(run.loaded.layers)})
     if world.is_main and recipe.overnight.report and job.state["eval_before"] is None:
@@ -125,6 +128,9 @@ def _finish(run: Run) -> dict:
     summary["diverged"] = run.diverged is not None
     summary["memory"] = breakdown(run.loaded.model, run.loaded.probe, run.loaded.runtime_mb,
                                   run.trainer.backend.held_weights())
+    if run.trainer.backend.device.type == "cpu":  # one peak: the process's, which the breakdown splits
+        summary["peak_mem_mb"] = summary["memory"]["peak_rss_mb"]
+    summary.update(load_time_s=run.load_time_s, run_dir=str(run.run_dir), adapter=str(run.adapter_dir))
     if run.world.size > 1:
         summary["world_size"] = run.world.size
     if run.stopped:

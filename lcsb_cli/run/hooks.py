@@ -84,6 +84,7 @@ class Run:
     stopped: str | None = None  # why the run stopped early: a signal, window_end, max_minutes
     diverged: Diverged | None = None  # raised after the finish when divergence.action is stop
     started: float = 0.0  # perf_counter when the loop started (run_steps sets it)
+    load_time_s: float = 0.0  # seconds from the command's start to the first step: model, data, checks
 
     @property
     def world(self) -> World:
@@ -170,7 +171,9 @@ class PeriodicEval(Hook):
         every, done = run.recipe.train.eval_every, run.done
         if every and not run.diverged and (done % every == 0 or done == run.recipe.train.max_steps):
             metrics = run.held_out_metrics()
-            run.log.write({"step": done, **{name: metrics[key] for key, name in self.NAMES.items() if key in metrics}})
+            row = {"step": done, **{name: metrics[key] for key, name in self.NAMES.items() if key in metrics}}
+            run.log.write(row)
+            run.reporter.on_step(row)
 
 
 class Checkpointer(Hook):
