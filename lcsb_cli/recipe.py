@@ -257,8 +257,6 @@ def validate(recipe: Recipe) -> None:
         raise BadInput("data.train: no training file given (a LaMP-2 *_questions.json)")
     elif recipe.data.user is not None and recipe.data.eval is None:
         raise BadInput("data.eval: per-user runs (data.user) need the users' questions file")
-    if recipe.overnight.report and recipe.data.user == "all":
-        raise BadInput("overnight.report: per-user runs are reported by `lcsb eval RUN_DIR`; set it false")
     if recipe.overnight.window is not None:
         parse_window(recipe.overnight.window)
 

@@ -213,3 +213,14 @@ def test_without_a_terminal_the_run_prints_plain_whole_lines(tmp_path):
     assert lines[-1] == f"adapter saved to {run_dir / 'adapter'}; next: lcsb eval {run_dir}"
     assert summary["load_time_s"] > 0 and summary["peak_mem_mb"] == summary["memory"]["peak_rss_mb"]
     assert (number(18040.2), number(0.012345), number(449.31)) == ("18,040", "0.01235", "449.3")
+
+
+def test_the_end_of_a_run_says_what_it_bought():
+    from lcsb_cli.report import what_it_bought
+
+    before = {"n": 90, "accuracy": 0.5111, "macro_f1": 0.4812, "majority_accuracy": 0.1444, "loss": 2.0}
+    after = {**before, "accuracy": 0.6889, "macro_f1": 0.6533}
+    assert what_it_bought(before, after) == ("held-out accuracy 0.511 -> 0.689 (majority 0.144), "
+                                             "macro-F1 0.481 -> 0.653")
+    assert what_it_bought({"loss": 3.0, "perplexity": 20.1}, {"loss": 2.0, "perplexity": 7.4}) == \
+        "held-out perplexity 20.100 -> 7.400"

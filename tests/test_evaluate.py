@@ -179,10 +179,10 @@ def test_per_user_runs_train_one_adapter_each_and_report_per_user(tmp_path, offi
     ids = {q["id"] for q in subset}
     (tmp_path / "o.json").write_text(json.dumps({"task": "LaMP_2", "golds": [g for g in golds["golds"] if g["id"] in ids]}))
     overrides = [f"data.eval={tmp_path / 'q.json'}", f"data.eval_labels={tmp_path / 'o.json'}", "data.user=all",
-                 "train.max_steps=2"]
+                 "train.max_steps=2", "overnight.report=true"]
     run_dir = tmp_path / "run"
     summary = run_train(run_dir, *overrides)
-    assert summary["users"] == 2
+    assert summary["users"] == 2 and summary["max_steps"] == 4
     for user in two_users:
         assert (run_dir / "adapters" / user / "adapter_model.safetensors").is_file()
         assert (run_dir / "users" / user / "metrics.jsonl").is_file()
@@ -191,4 +191,13 @@ def test_per_user_runs_train_one_adapter_each_and_report_per_user(tmp_path, offi
     result = run_eval(recipe, run_dir, None, run_dir)
     assert set(result["users"]) == set(two_users) and result["n"] == len(subset)
     assert result["evaluated"] == f"per-user adapters in {run_dir / 'adapters'}"
+    # overnight.report: the base before, each user's adapter after, in summary.json and report.json/md
+    assert summary["eval_after"]["accuracy"] == result["accuracy"] and summary["eval_after"]["n"] == len(subset)
+    before = json.loads((run_dir / "eval-before" / "eval.json").read_text())
+    assert before["evaluated"] == f"base model {recipe.model.name}"
+    assert summary["eval_before"]["accuracy"] == before["accuracy"] == run_eval(recipe, tmp_path / "base")["accuracy"]
+    assert json.loads((run_dir / "summary.json").read_text())["eval_before"] == summary["eval_before"]
+    report = json.loads((run_dir / "report.json").read_text())
+    assert (report["steps"], report["max_steps"], report["eval_after"]) == (4, 4, summary["eval_after"])
+    assert "before training" in (run_dir / "report.md").read_text()
     assert [result["users"][u]["adapter"] for u in two_users] == [str(run_dir / "adapters" / u) for u in two_users]

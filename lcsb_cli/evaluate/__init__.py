@@ -11,7 +11,8 @@ from ..recipe import Recipe
 from .labels import lamp2_metrics, majority_accuracy, predict
 from .text import generate_answers, held_out_loss, text_metrics
 
-SUMMARY_KEYS = ("n", "loss", "perplexity", "accuracy", "macro_f1", "out_of_label", "exact_match", "rouge1", "rougeL")
+SUMMARY_KEYS = ("n", "loss", "perplexity", "accuracy", "macro_f1", "majority_accuracy", "out_of_label", "exact_match",
+                "rouge1", "rougeL")
 
 
 def evaluate_items(model, tokenizer, items: Sequence, recipe: Recipe, labels: Sequence[str] | None = None):

@@ -136,12 +136,14 @@ def _finish(run: Run) -> dict:
     if run.stopped:
         summary["stopped"] = run.stopped
         run.job.interrupted(run.done, run.stopped)
-    write_json_atomic(run.run_dir / "summary.json", summary)
-    run.job.save()
     if run.recipe.overnight.report:
         signalled = run.stopped in ("SIGTERM", "SIGINT")  # asked to go: exit now, evaluate when the run finishes
-        after = None if signalled else run.held_out_metrics()
-        write_report(run.run_dir, run.recipe, run.job.state, summary, after, run.adapter_dir, run.task.skipped)
+        summary["eval_before"] = run.job.state["eval_before"]
+        summary["eval_after"] = None if signalled else run.held_out_metrics()
+        write_report(run.run_dir, run.recipe, run.job.state, summary, summary["eval_after"], run.adapter_dir,
+                     run.task.skipped)
+    write_json_atomic(run.run_dir / "summary.json", summary)
+    run.job.save()
     return summary
 
 

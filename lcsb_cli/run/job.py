@@ -119,7 +119,8 @@ def write_report(run_dir: Path, recipe, state: dict, summary: dict, eval_after: 
     exits at once and the run's next finish evaluates)."""
     from ..atomic import write_text_atomic
     report = {
-        "steps": summary["steps"], "max_steps": recipe.train.max_steps, "finished": not summary.get("stopped"),
+        "steps": summary["steps"], "max_steps": summary.get("max_steps", recipe.train.max_steps),
+        "finished": not summary.get("stopped"),
         "stopped": summary.get("stopped"), "wall_time_s": summary["wall_time_s"],
         "throttled_s": state["throttled_s"], "waited_s": state["waited_s"], "interruptions": state["interruptions"],
         "resumes": state["resumes"], "eval_before": state["eval_before"], "eval_after": eval_after,

@@ -13,7 +13,7 @@ from . import rundir
 from .distributed import World
 from .engine import train
 from .hooks import SilentReporter
-from .job import Job, owned_job
+from .job import Job, owned_job, write_report
 from .summary import aggregate
 
 
@@ -33,13 +33,17 @@ def _fan_out(recipe: Recipe, run_dir: Path, reporter, resume: bool, force: bool,
     if tasks is None:
         return {"stopped": job.signals.requested, "steps": 0}
     user_ids = list(tasks)
+    if recipe.overnight.report and world.is_main and job.state["eval_before"] is None:
+        job.state["eval_before"] = _users_eval(recipe, run_dir / "eval-before", None)
+        job.save()
     for user_id in user_ids[world.rank::world.size]:
         sub_dir = run_dir / "users" / user_id
         if _finished_summary(sub_dir):
             continue
         user_reporter = reporter.for_user(user_id) if hasattr(reporter, "for_user") else reporter
         try:
-            summary = train(replace_key(recipe, "data.user", user_id), sub_dir, user_reporter,
+            user_recipe = replace_key(replace_key(recipe, "data.user", user_id), "overnight.report", False)
+            summary = train(user_recipe, sub_dir, user_reporter,
                             resume=resume and rundir.holds_run(sub_dir), force=True,
                             adapter_dir=run_dir / "adapters" / user_id, job=job, task=tasks[user_id])
         except Diverged as exc:
@@ -49,20 +53,33 @@ def _fan_out(recipe: Recipe, run_dir: Path, reporter, resume: bool, force: bool,
     world.barrier()
     if not world.is_main:
         return {"rank": world.rank}
-    return _per_user_summary(run_dir, user_ids, reporter)
+    return _per_user_summary(recipe, run_dir, user_ids, reporter, job)
 
 
-def _per_user_summary(run_dir: Path, user_ids: list[str], reporter) -> dict:
-    """Totals over the users' runs on disk; `stopped` while any user's run is unfinished."""
+def _per_user_summary(recipe: Recipe, run_dir: Path, user_ids: list[str], reporter, job: Job) -> dict:
+    """Totals over the users' runs on disk; `stopped` while any user's run is unfinished. With overnight.report,
+    the held-out metrics before (the base) and after (each user's adapter) go into it and report.json/md."""
     summaries = [json.loads((run_dir / "users" / u / "summary.json").read_text()) for u in user_ids
                  if (run_dir / "users" / u / "summary.json").is_file()]
-    summary = {**(aggregate(summaries) if summaries else {"steps": 0}), "users": len(summaries)}
+    summary = {**(aggregate(summaries) if summaries else {"steps": 0}), "users": len(summaries),
+               "max_steps": recipe.train.max_steps * len(user_ids), "run_dir": str(run_dir)}
     stopped = next((s["stopped"] for s in summaries if s.get("stopped")), None)
     if stopped or len(summaries) < len(user_ids):
         summary["stopped"] = stopped or "not every user trained"
+    if recipe.overnight.report and summaries:
+        summary["eval_before"] = job.state["eval_before"]
+        summary["eval_after"] = None if summary.get("stopped") else _users_eval(recipe, run_dir, run_dir)
+        write_report(run_dir, recipe, job.state, summary, summary["eval_after"], run_dir / "adapters", [])
     write_json_atomic(run_dir / "summary.json", summary)
     reporter.on_end(summary)
     return summary
+
+
+def _users_eval(recipe: Recipe, output: Path, run_dir: Path | None) -> dict:
+    """Every user's questions, with the base model (no run dir) or each user's adapter; eval.json in `output`."""
+    from ..evaluate import run_eval, summary_row
+
+    return summary_row(run_eval(recipe, output, None, run_dir))
 
 
 def _finished_summary(run_dir: Path) -> dict | None:
