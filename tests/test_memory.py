@@ -348,3 +348,24 @@ def test_4bit_rows_refuse_a_width_that_is_not_whole_blocks():
 def test_memory_settings_that_cannot_work_are_bad_input(overrides, key):
     with pytest.raises(BadInput, match=key):
         load_recipe(LAMP2, overrides)
+
+
+def test_each_user_of_a_per_user_run_reports_its_own_peak_and_no_negative_part(tmp_path):
+    """A transient 512 MiB before the run raised the process's high-water mark; no user's peak may include it."""
+    from helpers import run_train
+
+    dev = json.loads((REPO / "recipes" / "data" / "lamp2" / "dev_questions.json").read_text())
+    golds = json.loads((REPO / "recipes" / "data" / "lamp2" / "dev_outputs.json").read_text())["golds"]
+    two = [q for q in dev if q["user_id"] in ("user_00", "user_01")]
+    (tmp_path / "q.json").write_text(json.dumps(two))
+    (tmp_path / "o.json").write_text(json.dumps({"task": "LaMP_2", "golds": [g for g in golds if g["id"] in
+                                                                             {q["id"] for q in two}]}))
+    blob = torch.ones(128 * 2**20)
+    high_water = memory.peak_rss_mb()
+    del blob
+    run_train(tmp_path / "run", "data.user=all", f"data.eval={tmp_path / 'q.json'}",
+              f"data.eval_labels={tmp_path / 'o.json'}", "train.max_steps=2")
+    for user in ("user_00", "user_01"):
+        parts = json.loads((tmp_path / "run" / "users" / user / "summary.json").read_text())["memory"]
+        assert parts["peak_rss_mb"] < high_water - 256, (user, parts)
+        assert all(value >= 0 for value in parts.values()), (user, parts)

@@ -27,8 +27,26 @@ def rss_mb() -> float:
 
 
 def peak_rss_mb() -> float:
-    """The OS's peak resident set size of this process (Linux reports ru_maxrss in KiB)."""
+    """The OS's peak resident set size of this process since it started or since `reset_peak_rss`: Linux's VmHWM,
+    else ru_maxrss (KiB on Linux)."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def reset_peak_rss() -> None:
+    """Restart the high-water mark at the current RSS (Linux: 5 written to /proc/self/clear_refs), so that a run
+    inside a longer process (one user of a per-user run) reports its own peak; elsewhere a no-op."""
+    try:
+        with open("/proc/self/clear_refs", "w") as clear_refs:
+            clear_refs.write("5")
+    except OSError:
+        pass
 
 
 def configure_allocator(mmap_threshold_kb: int) -> bool:
@@ -139,7 +157,7 @@ def in_host_memory(tensor: torch.Tensor) -> bool:
 
 
 def breakdown(model: nn.Module, probe: MemoryProbe, runtime_mb: float, held_weights: Iterable[torch.Tensor] = ()) -> dict:
-    """The whole process's peak RSS (the OS's ru_maxrss) beside what it is made of: the runtime (RSS when the model
+    """The process's peak RSS (the OS's, since the run began: `peak_rss_mb`) beside what it is made of: the runtime (RSS when the model
     began loading: `LoadedModel.runtime_mb`), frozen weights (the model's, plus `held_weights`: a backend's own
     copies such as npu-sim's resident tiles), LoRA + optimizer (every live tensor now that is not a frozen weight:
     LoRA weights, optimizer state and any copies, plus the largest step's gradients), and the activations and

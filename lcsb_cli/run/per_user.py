@@ -8,6 +8,7 @@ from pathlib import Path
 from ..atomic import write_json_atomic
 from ..data import user_tasks
 from ..errors import Diverged
+from ..model.memory import reset_peak_rss
 from ..recipe import Recipe, replace_key
 from . import rundir
 from .distributed import World
@@ -42,6 +43,7 @@ def _fan_out(recipe: Recipe, run_dir: Path, reporter, resume: bool, force: bool,
             continue
         user_reporter = reporter.for_user(user_id) if hasattr(reporter, "for_user") else reporter
         try:
+            reset_peak_rss()  # each user's summary holds its own peak, not the process's so far
             user_recipe = replace_key(replace_key(recipe, "data.user", user_id), "overnight.report", False)
             summary = train(user_recipe, sub_dir, user_reporter,
                             resume=resume and rundir.holds_run(sub_dir), force=True,
