@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from .errors import BadInput, LcsbError
+from .paths import RECIPES_DIR
 from .recipe import Recipe, dump, load_recipe, replace_key
 from .run.rundir import check_output_dir
 
@@ -47,7 +48,6 @@ app = OneLineErrors(add_completion=False, no_args_is_help=True, rich_markup_mode
 err = Console(stderr=True)
 out = Console()
 STATE = {"debug": False}
-RECIPES_DIR = Path(__file__).resolve().parent.parent / "recipes"
 
 def flag(*names: str, help: str):  # noqa: A002 - typer's own name
     """A boolean switch, shown as a flag in help rather than `<bool>`."""

@@ -18,12 +18,12 @@ from torch import nn
 
 from .. import atomic
 from ..errors import BadInput
+from ..paths import CONFIGS_DIR
 from ..recipe import Recipe
 from . import gguf_in, memory, streamed
 
-PACKAGE_ROOT = Path(__file__).resolve().parents[2]
-PRESET_DIR = PACKAGE_ROOT / "configs" / "models"
-TOKENIZER_DIR = PACKAGE_ROOT / "configs" / "tokenizers"
+PRESET_DIR = CONFIGS_DIR / "models"
+TOKENIZER_DIR = CONFIGS_DIR / "tokenizers"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")

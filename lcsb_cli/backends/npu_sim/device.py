@@ -18,8 +18,9 @@ from pathlib import Path
 import yaml
 
 from ...errors import BadInput
+from ...paths import CONFIGS_DIR
 
-DEVICE_DIR = Path(__file__).resolve().parents[3] / "configs" / "devices"
+DEVICE_DIR = CONFIGS_DIR / "devices"
 WEIGHT_BYTES = {"fp16": 2.0, "int8": 1.0, "int4": 0.5}
 
 
