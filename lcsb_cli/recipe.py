@@ -93,6 +93,7 @@ class TrainConfig:
     autocast: str = "none"
     threads: int = 0  # torch intra-op threads; 0 keeps torch's default
     optimizer: str = "adamw"  # adamw (torch, fp32 moments) | adamw8bit (bitsandbytes, block-wise 8-bit moments)
+    report_to: list[str] = field(default_factory=list)  # trackers fed the metrics.jsonl rows: [tensorboard]
 
 
 @dataclass
@@ -249,6 +250,7 @@ def validate(recipe: Recipe) -> None:
         raise BadInput("quantization, train.autocast: npu-sim keeps its own resident weights and product precision "
                        "(npu_sim.weights, npu_sim.precision); set quantization=none and train.autocast=none")
     _validate_memory(recipe)
+    _validate_trackers(recipe.train.report_to)
     if not recipe.lora.targets:
         raise BadInput("lora.targets: name at least one module, e.g. [q_proj, v_proj]")
     if recipe.data.format in DATA_FILES:
@@ -272,6 +274,16 @@ def _validate_memory(recipe: Recipe) -> None:
                        "model.trust_remote_code loads with memory.streamed_load=false")
     if recipe.memory.embedding != "keep" and not recipe.memory.streamed_load:
         raise BadInput("memory.embedding: a 4-bit embedding / LM head needs memory.streamed_load=true")
+
+
+def _validate_trackers(trackers: list[str]) -> None:
+    import importlib.util
+
+    for tracker in trackers:
+        if tracker != "tensorboard":
+            raise BadInput(f"train.report_to: {tracker!r} is not a known tracker; choose from tensorboard")
+        if importlib.util.find_spec("tensorboard") is None:
+            raise BadInput("train.report_to: tensorboard needs the tensorboard package: pip install 'lcsb[tensorboard]'")
 
 
 def _validate_data_file(data: DataConfig) -> None:

@@ -12,6 +12,8 @@ import torch
 import yaml
 from helpers import LAMP2, REPO, adapter_tensors, assert_same_tensors, run_train
 
+from lcsb_cli.errors import BadInput
+from lcsb_cli.recipe import load_recipe
 from lcsb_cli.run.rundir import read_metrics
 from lcsb_cli.run.summary import aggregate, summarize
 
@@ -127,3 +129,20 @@ def test_sigkill_then_resume_is_bit_identical(tmp_path, schedule, data, window):
     assert [r["step"] for r in rows] == list(range(1, 21))
     assert [r["loss"] for r in rows] == [r["loss"] for r in ref_rows]
     assert [r["active_block"] for r in rows] == [r["active_block"] for r in ref_rows]
+
+
+def test_report_to_tensorboard_writes_every_metrics_row_that_reads_back(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    run_dir = tmp_path / "run"
+    run_train(run_dir, "train.max_steps=3", "train.eval_every=3", "train.report_to=[tensorboard]")
+    board = EventAccumulator(str(run_dir / "tensorboard"))
+    board.Reload()
+    rows = read_metrics(run_dir / "metrics.jsonl")
+    losses = [(r["step"], r["loss"]) for r in rows if "loss" in r]
+    assert [(e.step, e.value) for e in board.Scalars("train/loss")] == [(s, pytest.approx(v)) for s, v in losses]
+    (eval_row,) = [r for r in rows if "eval_loss" in r]
+    assert [(e.step, e.value) for e in board.Scalars("eval/loss")] == [(3, pytest.approx(eval_row["eval_loss"]))]
+    assert "train/lr" in board.Tags()["scalars"]
+    with pytest.raises(BadInput, match="train.report_to: 'wandb' is not a known tracker"):
+        load_recipe(LAMP2, ["train.report_to=[wandb]"])

@@ -48,20 +48,33 @@ class SilentReporter:
 
 class MetricsLog:
     """metrics.jsonl, appended; rows are strict JSON (a NaN or infinity is written as null: the row's reason says
-    what it was). Without a path (ranks other than 0) it writes nothing."""
+    what it was). Without a path (ranks other than 0) it writes nothing. With `tensorboard` (a log dir), every
+    number of every row also goes to TensorBoard, as train/NAME or eval/NAME at the row's step."""
 
-    def __init__(self, path: Path | None = None):
+    def __init__(self, path: Path | None = None, tensorboard: Path | None = None):
         self.file = open(path, "a") if path is not None else None
+        self.board = None
+        if tensorboard is not None:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.board = SummaryWriter(str(tensorboard), flush_secs=10)
 
     def write(self, row: dict) -> None:
         if self.file is not None:
             clean = {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in row.items()}
             self.file.write(json.dumps(clean) + "\n")
             self.file.flush()
+        if self.board is not None:
+            for key, value in row.items():
+                if key != "step" and isinstance(value, (int, float)) and not isinstance(value, bool):
+                    tag = f"eval/{key[5:]}" if key.startswith("eval_") else f"train/{key}"
+                    self.board.add_scalar(tag, value, row["step"])
 
     def close(self) -> None:
         if self.file is not None:
             self.file.close()
+        if self.board is not None:
+            self.board.close()
 
 
 @dataclass
@@ -134,7 +147,8 @@ class StepLog(Hook):
     an event, shown by the reporter too, and the backend's event rows beside them."""
 
     def at_start(self, run: Run) -> None:
-        run.log = MetricsLog(run.run_dir / "metrics.jsonl")
+        board = run.run_dir / "tensorboard" if "tensorboard" in run.recipe.train.report_to else None
+        run.log = MetricsLog(run.run_dir / "metrics.jsonl", board)
         for note in run.notes:
             run.log.write(note)
 
