@@ -165,12 +165,12 @@ def eval_(
     Examples: `lcsb eval lamp2` (the base) · `lcsb eval runs/lamp2` (the run's adapter) ·
     `lcsb eval lamp2 --adapter DIR -o runs/check`. Recipe keys: `lcsb validate RECIPE` prints them all, resolved."""
     from .evaluate import run_eval
-    from .report import eval_table
+    from .report import Phases, eval_table
 
     if output is not None:
         check_output_dir(output)
     recipe, adapter, run_dir = resolve_target(target, overrides or [], adapter)
-    result = run_eval(recipe, output or run_dir or Path(recipe.output_dir), adapter, run_dir)
+    result = run_eval(recipe, output or run_dir or Path(recipe.output_dir), adapter, run_dir, Phases(err))
     out.print(eval_table(result))
 
 
@@ -280,13 +280,14 @@ def bench(
     --compare lcsb:4:exact --seeds 3 --budget equal-time --eval`. Recipe keys: `lcsb validate RECIPE` prints them all, resolved."""
     from .bench.compare import method_names, run_bench
     from .bench.table import bench_rich
+    from .report import Phases
 
     loaded = load_recipe(recipe_path(recipe), overrides or [])
     if not compare:
         raise BadInput("--compare: name at least one method, e.g. --compare full-backprop")
     method_names(loaded, compare, budget)
     result = run_bench(loaded, compare, steps, warmup, output or Path(loaded.output_dir) / "bench", evaluate,
-                       seeds=seeds, budget=budget)
+                       Phases(err).bench_step, seeds=seeds, budget=budget)
     out.print(bench_rich(result, loaded))
 
 

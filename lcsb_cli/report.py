@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
+import time
 from collections import deque
 
 from rich.console import Console
@@ -107,6 +109,33 @@ class UserLine:
             f"{self.user_id}: {summary['steps']} steps, final loss {summary['final_loss']:.4f}, "
             f"{summary['wall_time_s']:.1f} s", highlight=False,
         )
+
+
+class Phases:
+    """Progress of `lcsb eval` and `lcsb bench`: a spinner on a terminal, and without one only the plain lines,
+    one when each evaluation pass ends (with its rate) and one per bench step."""
+
+    def __init__(self, console: Console):
+        self.console = console
+
+    @contextlib.contextmanager
+    def __call__(self, what: str, n: int):
+        start = time.perf_counter()
+        status = self.console.status(f"{what}: {n} items") if self.console.is_terminal else contextlib.nullcontext()
+        with status:
+            yield
+        seconds = time.perf_counter() - start
+        self._line(f"{what}: {n} items in {seconds:.1f} s ({n / max(seconds, 1e-9):.2f}/s)")
+
+    def bench_step(self, name: str, row: dict | None) -> None:
+        """A bench worker's step row, or (None) the start of its evaluation."""
+        if row is None:
+            self._line(f"{name}: evaluating")
+        else:
+            self._line(f"{name} step {row['step']}: loss {row['loss']:.4f}, {row['step_time_s']:.2f} s")
+
+    def _line(self, text: str) -> None:
+        self.console.print(text, highlight=False, soft_wrap=True)
 
 
 def what_it_bought(before: dict, after: dict) -> str:

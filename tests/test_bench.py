@@ -227,6 +227,8 @@ def test_bench_over_seeds_at_equal_time_and_its_eval_matches_lcsb_eval(tmp_path)
     result = json.loads((out / "bench.json").read_text())
     assert result["budget"] == "equal-time" and result["seeds"] == [0, 1]
     assert [m["name"] for m in result["methods"]] == ["lcsb:4", "lcsb:2", "full-backprop"]  # the budget's baseline
+    progress = proc.stderr.splitlines()  # no TTY: plain lines, every step of every method and seed, then its eval
+    assert "seed 1 full-backprop step 3: loss " in proc.stderr and "seed 0 lcsb:2: evaluating" in progress
     full = result["methods"][2]
     for method in result["methods"]:
         per_seed = method["seeds"]

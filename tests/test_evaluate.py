@@ -201,3 +201,15 @@ def test_per_user_runs_train_one_adapter_each_and_report_per_user(tmp_path, offi
     assert (report["steps"], report["max_steps"], report["eval_after"]) == (4, 4, summary["eval_after"])
     assert "before training" in (run_dir / "report.md").read_text()
     assert [result["users"][u]["adapter"] for u in two_users] == [str(run_dir / "adapters" / u) for u in two_users]
+
+
+def test_cli_eval_without_a_terminal_prints_each_pass_with_its_rate(tmp_path):
+    import re
+
+    from helpers import lcsb
+
+    proc = lcsb("eval", str(LAMP2), "--output", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stderr.splitlines()
+    assert [line.split(":")[0] for line in lines] == ["held-out loss", "score mode"]
+    assert all(re.fullmatch(r"[a-z -]+: 90 items in [0-9.]+ s \([0-9.]+/s\)", line) for line in lines), lines

@@ -93,7 +93,8 @@ def run_bench(recipe: Recipe, compare: list[str], steps: int, warmup: int, outpu
         seeded = replace_key(recipe, "train.seed", seed)
         recipes = {name: method_recipe(seeded, name, warmup + steps) for name in names}
         adapters = output / "adapters" / f"seed-{seed}" if evaluate else None
-        session = run_session(recipes, steps, warmup, budget, evaluate, adapters, reporter)
+        shown = reporter and (lambda name, row, seed=seed: reporter(f"seed {seed} {name}", row))
+        session = run_session(recipes, steps, warmup, budget, evaluate, adapters, shown)
         per_seed.append(summarize_bench(names, {n: s["timed"] for n, s in session.items()},
                                         {n: s["rows"] for n, s in session.items()},
                                         {n: s["eval"] for n, s in session.items()},

@@ -28,7 +28,7 @@ def run_session(recipes: dict[str, Recipe], steps: int, warmup: int, budget: str
         else:
             _equal_time(workers, steps, warmup, reporter)
         memory = {name: worker.ask("memory", None) for name, worker in workers.items()}
-        evals = {name: _evaluate(worker, adapters) if evaluate else None for name, worker in workers.items()}
+        evals = {name: _evaluate(worker, adapters, reporter) if evaluate else None for name, worker in workers.items()}
     finally:
         for worker in workers.values():
             worker.close()
@@ -73,7 +73,9 @@ def _median_step(worker, warmup: int) -> float:
     return statistics.median(row["step_time_s"] for row in worker.rows[warmup:])
 
 
-def _evaluate(worker, adapters: Path | None) -> dict:
+def _evaluate(worker, adapters: Path | None, reporter) -> dict:
+    if reporter:
+        reporter(worker.name, None)
     if adapters is not None:
         worker.ask("save", str(adapters / adapter_dir_name(worker.name)))
     return worker.ask("eval", None)

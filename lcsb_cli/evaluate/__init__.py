@@ -3,6 +3,7 @@ classification (labels.py); exact match and ROUGE of greedy answers for completi
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -15,15 +16,25 @@ SUMMARY_KEYS = ("n", "loss", "perplexity", "accuracy", "macro_f1", "majority_acc
                 "rouge1", "rougeL")
 
 
-def evaluate_items(model, tokenizer, items: Sequence, recipe: Recipe, labels: Sequence[str] | None = None):
-    """(predictions or None, metrics) of held-out items: LaMP questions or token rows of `recipe`'s format."""
+def silent(what: str, n: int):
+    """The default `phase`: evaluation phases are not shown."""
+    return contextlib.nullcontext()
+
+
+def evaluate_items(model, tokenizer, items: Sequence, recipe: Recipe, labels: Sequence[str] | None = None,
+                   phase=silent):
+    """(predictions or None, metrics) of held-out items: LaMP questions or token rows of `recipe`'s format.
+    `phase(what, n)` is a context manager around each pass (the CLI's progress display)."""
     rows = token_rows(recipe, tokenizer, list(items))
-    metrics = held_out_loss(model, rows, tokenizer.pad_token_id, recipe.eval.batch_size)
+    with phase("held-out loss", len(rows)):
+        metrics = held_out_loss(model, rows, tokenizer.pad_token_id, recipe.eval.batch_size)
     if recipe.data.format in ("lamp2", "jsonl"):
-        preds = predict(model, tokenizer, items, recipe)
+        with phase(f"{recipe.eval.mode} mode", len(items)):
+            preds = predict(model, tokenizer, items, recipe)
         return preds, {**lamp2_metrics([q.output for q in items], preds, labels), **metrics}
     if recipe.data.format in ("completion", "chat"):
-        preds = generate_answers(model, tokenizer, rows, recipe.eval.max_new_tokens, recipe.eval.batch_size)
+        with phase("generation", len(rows)):
+            preds = generate_answers(model, tokenizer, rows, recipe.eval.max_new_tokens, recipe.eval.batch_size)
         return preds, {**text_metrics([row["reference"] for row in rows], preds), **metrics}
     return None, {"n": len(rows), **metrics}
 
@@ -55,7 +66,8 @@ def write_results(output: Path, result: dict, predictions: dict | None) -> None:
         write_json_atomic(output / "predictions.json", predictions)
 
 
-def run_eval(recipe: Recipe, output: Path, adapter: Path | None = None, run_dir: Path | None = None) -> dict:
+def run_eval(recipe: Recipe, output: Path, adapter: Path | None = None, run_dir: Path | None = None,
+             phase=silent) -> dict:
     """Evaluate the base model, an adapter, or (with `data.user: all`) each user's adapter of `run_dir`;
     write eval.json and predictions.json into `output`."""
     from ..backends import get_backend
@@ -66,11 +78,11 @@ def run_eval(recipe: Recipe, output: Path, adapter: Path | None = None, run_dir:
     loaded = load_model(recipe, backend.device, adapter)
     backend.prepare(loaded)
     if recipe.data.user == "all":
-        items, preds, metrics = _per_user_eval(loaded, recipe, run_dir)
+        items, preds, metrics = _per_user_eval(loaded, recipe, run_dir, phase)
     else:
         task = load_task(recipe, loaded.tokenizer)
         items = task.need_held_out()
-        preds, metrics = evaluate_items(loaded.model, loaded.tokenizer, items, recipe, task.labels)
+        preds, metrics = evaluate_items(loaded.model, loaded.tokenizer, items, recipe, task.labels, phase)
         if task.labels is not None:
             metrics["majority_accuracy"] = majority_accuracy([q.output for q in task.train], [q.output for q in items])
     result = {"task": task_name(recipe), "format": recipe.data.format, "mode": recipe.eval.mode,
@@ -91,7 +103,7 @@ def evaluated(recipe: Recipe, adapter: Path | None, run_dir: Path | None) -> dic
             "run_dir": str(run_dir) if run_dir else None, "recipe": to_dict(recipe)}
 
 
-def _per_user_eval(loaded, recipe: Recipe, run_dir: Path | None):
+def _per_user_eval(loaded, recipe: Recipe, run_dir: Path | None, phase=silent):
     """LaMP-2 per-user runs: each user's questions with that user's adapter (the base model without a run dir)."""
     from ..data import TAGS, user_profile_questions, users
 
@@ -99,7 +111,8 @@ def _per_user_eval(loaded, recipe: Recipe, run_dir: Path | None):
     for user_id, user_questions in users(recipe).items():
         if run_dir is not None:
             _load_user_adapter(loaded.model, run_dir / "adapters" / user_id)
-        user_preds, metrics = evaluate_items(loaded.model, loaded.tokenizer, user_questions, recipe, TAGS)
+        with phase(user_id, len(user_questions)):
+            user_preds, metrics = evaluate_items(loaded.model, loaded.tokenizer, user_questions, recipe, TAGS)
         majority = majority_accuracy([q.output for q in user_profile_questions(user_questions)],
                                      [q.output for q in user_questions])
         per_user[user_id] = {**summary_row(metrics), "majority_accuracy": majority,
