@@ -35,7 +35,7 @@ class LoadedModel:
     tokenizer: object
     layers: nn.ModuleList  # the decoder layers, in order
     base_dir: Path  # the checkpoint the base weights came from (a streamed random-init preset: its tokenizer)
-    runtime_mb: float = 0.0  # resident set size when loading began: interpreter + imported libraries
+    runtime_mb: float = 0.0  # resident set size when this process first loaded a model: interpreter + libraries
     probe: memory.MemoryProbe | None = None  # what the loss and the memory breakdown measure
 
 
@@ -239,7 +239,7 @@ def load_model(recipe: Recipe, device: torch.device, adapter: Path | None = None
     """Base model (quantized if asked) with LoRA on `recipe.lora.targets` (fresh, or `adapter`'s weights)."""
     from peft import LoraConfig, PeftModel, get_peft_model
 
-    runtime_mb = memory.rss_mb()
+    runtime_mb = memory.runtime_rss_mb()
     memory.configure_allocator(recipe.memory.malloc_mmap_threshold_kb)
     memory.limit_kernel_caches(recipe.memory.kernel_cache)
     model, config, base_dir = load_base(recipe, device)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import ctypes.util
+import functools
 import gc
 import os
 import resource
@@ -24,6 +25,14 @@ def rss_mb() -> float:
     """The process's resident set size now (anonymous + file-backed pages)."""
     with open("/proc/self/statm") as statm:
         return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+@functools.cache
+def runtime_rss_mb() -> float:
+    """The RSS when this process first loaded a model: the interpreter and its libraries. A later load (the next
+    user of a per-user run) fills heap that earlier runs freed and glibc kept, so its own RSS at load would count
+    that heap twice; it is the `other` part instead."""
+    return rss_mb()
 
 
 def peak_rss_mb() -> float:

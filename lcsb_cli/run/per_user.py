@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 from pathlib import Path
 
@@ -43,6 +44,7 @@ def _fan_out(recipe: Recipe, run_dir: Path, reporter, resume: bool, force: bool,
             continue
         user_reporter = reporter.for_user(user_id) if hasattr(reporter, "for_user") else reporter
         try:
+            gc.collect()  # the previous user's model sits in reference cycles: free it before the next loads
             reset_peak_rss()  # each user's summary holds its own peak, not the process's so far
             user_recipe = replace_key(replace_key(recipe, "data.user", user_id), "overnight.report", False)
             summary = train(user_recipe, sub_dir, user_reporter,
