@@ -1,4 +1,6 @@
+import atexit
 import os
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -6,7 +8,9 @@ from pathlib import Path
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
 os.environ["HF_DATASETS_OFFLINE"] = "1"
-os.environ.setdefault("LCSB_CACHE", tempfile.mkdtemp(prefix="lcsb-test-cache-"))
+if "LCSB_CACHE" not in os.environ:  # one cache per session (xdist workers inherit it), removed when it ends
+    os.environ["LCSB_CACHE"] = tempfile.mkdtemp(prefix="lcsb-test-cache-")
+    atexit.register(shutil.rmtree, os.environ["LCSB_CACHE"], ignore_errors=True)
 
 import pytest  # noqa: E402
 
