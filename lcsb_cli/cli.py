@@ -258,7 +258,8 @@ def validate(recipe: RecipeArg, overrides: Overrides = None) -> None:
     """Check a recipe (and overrides) and print it resolved, every default filled in: the list of recipe keys.
 
     Examples: `lcsb validate lamp2` · `lcsb validate my.yaml train.lr=1e-4 quantization=nf4`."""
-    out.print(dump(load_recipe(recipe_path(recipe), overrides or [])), markup=False, highlight=False, end="")
+    out.print(dump(load_recipe(recipe_path(recipe), overrides or [])), markup=False, highlight=False, end="",
+              soft_wrap=True)
 
 
 @app.command()
@@ -312,7 +313,7 @@ def export(
 
     written = export_run(run_dir, output, merge, user, fmt, outtype)
     kind = f"merged {fmt.upper()} model" if merge else "adapter"
-    out.print(f"{kind} written to {written}", highlight=False)
+    out.print(f"{kind} written to {written}", highlight=False, soft_wrap=True)
 
 
 @app.command()
@@ -325,7 +326,7 @@ def recipes() -> None:
     width = max((len(path.stem) for path in paths), default=0)
     for path in paths:
         first = path.read_text().splitlines()[0] if path.read_text() else ""
-        out.print(f"[bold]{path.stem:<{width}}[/] {first.lstrip('# ')}  ({path})", highlight=False)
+        out.print(f"[bold]{path.stem:<{width}}[/] {first.lstrip('# ')}  ({path})", highlight=False, soft_wrap=True)
 
 
 if __name__ == "__main__":

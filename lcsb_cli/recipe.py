@@ -36,7 +36,7 @@ class LoraConfig:
 class LcsbConfig:
     blocks: int = 4
     schedule: str = "cyclic"
-    upper_path: str = "identity"
+    upper_path: str = "exact"  # exact: measured better than the paper's identity on a real model (docs/RESULTS.md)
     exact_above: int = 0  # identity path: layers just above the active block that backpropagate exactly (LoRA frozen)
     idle_update: str = "momentum"
 
