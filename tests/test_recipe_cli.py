@@ -55,7 +55,7 @@ def test_lamp2_loads_typed_with_paths_absolute_relative_to_the_file(tmp_path, mo
     assert type(r.train.lr) is float and type(r.train.max_steps) is int
     alpha = rc.load_recipe(write_recipe(tmp_path / "alpha.yaml", {"  alpha:": "  alpha: 8"})).lora.alpha
     assert type(alpha) is float and alpha == 8.0  # an integer written for a float field
-    data = REPO / "recipes" / "data" / "lamp2"
+    data = (REPO / "recipes" / "data" / "lamp2").resolve()  # recipes/ links to the package data
     assert r.data.train == str(data / "train_questions.json") and Path(r.data.train).is_file()
     for p in (r.data.train, r.data.train_labels, r.data.eval, r.data.eval_labels):
         assert Path(p).is_absolute() and Path(p).is_file()
@@ -97,7 +97,7 @@ def test_override_paths_resolve_against_the_cwd(tmp_path, monkeypatch):
     r = rc.load_recipe(LAMP2, ["data.train=mine/q.json", "data.eval=2024"])
     assert r.data.train == str(tmp_path.resolve() / "mine" / "q.json")
     assert r.data.eval == str(tmp_path.resolve() / "2024")  # a name YAML reads as a number is still a path
-    assert r.data.train_labels == str(REPO / "recipes" / "data" / "lamp2" / "train_outputs.json")  # untouched
+    assert r.data.train_labels == str((REPO / "recipes" / "data" / "lamp2" / "train_outputs.json").resolve())
 
 
 @pytest.mark.parametrize("item", ["data.eval=null", "data.eval="])
