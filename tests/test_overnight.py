@@ -146,6 +146,17 @@ def _lcsb(*args):
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
+def _signalled(sig, after_steps: int, run, *args):
+    """`lcsb train ARGS --output RUN`, sent `sig` once `after_steps` steps are logged: (process, stderr, steps done)."""
+    proc = _lcsb("train", *args, "--output", str(run))
+    deadline = time.monotonic() + 300
+    while _steps_logged(run) < after_steps and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=300)
+    return proc, err, json.loads((run / "summary.json").read_text())["steps"]
+
+
 def _steps_logged(run_dir):
     path = run_dir / "metrics.jsonl"
     return sum('"loss"' in line for line in path.read_text().splitlines()) if path.is_file() else 0
@@ -154,14 +165,8 @@ def _steps_logged(run_dir):
 def test_cli_sigterm_exits_0_and_resume_finishes_with_a_morning_report(tmp_path):
     """The shipped recipe as documented: SIGTERM mid-run, then --resume; report.json/md tell the night."""
     run = tmp_path / "night"
-    proc = _lcsb("train", str(OVERNIGHT), "train.max_steps=12", "--output", str(run))
-    deadline = time.monotonic() + 300
-    while _steps_logged(run) < 4 and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.05)
-    proc.send_signal(signal.SIGTERM)
-    out, err = proc.communicate(timeout=300)
+    proc, err, stopped_at = _signalled(signal.SIGTERM, 4, run, str(OVERNIGHT), "train.max_steps=12")
     assert proc.returncode == 0, err
-    stopped_at = json.loads((run / "summary.json").read_text())["steps"]
     assert 4 <= stopped_at < 12 and (run / "checkpoints" / f"step-{stopped_at}").is_dir()
     assert json.loads((run / "report.json").read_text())["eval_after"] is None  # a signal means: exit now
     proc = _lcsb("train", str(OVERNIGHT), "train.max_steps=12", "--output", str(run), "--resume")
@@ -178,15 +183,9 @@ def test_cli_sigterm_exits_0_and_resume_finishes_with_a_morning_report(tmp_path)
 
 def test_cli_ctrl_c_checkpoints_and_exits_130(tmp_path):
     run = tmp_path / "run"
-    proc = _lcsb("train", str(REPO / "tests" / "tiny.yaml"), "train.max_steps=400", "train.save_every=0",
-                 "--output", str(run))
-    deadline = time.monotonic() + 300
-    while _steps_logged(run) < 2 and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.05)
-    proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=300)
+    proc, err, stopped_at = _signalled(signal.SIGINT, 2, run, str(REPO / "tests" / "tiny.yaml"), "train.max_steps=400",
+                                       "train.save_every=0")
     assert proc.returncode == 130, err
-    stopped_at = json.loads((run / "summary.json").read_text())["steps"]
     assert 2 <= stopped_at < 400 and (run / "checkpoints" / f"step-{stopped_at}").is_dir()
     assert err.strip().splitlines()[-1] == f"interrupted: checkpointed at step {stopped_at}; continue with --resume"
 
