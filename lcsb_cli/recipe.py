@@ -11,7 +11,7 @@ import yaml
 
 from .errors import BadInput
 from .recipe_yaml import apply_override, build, resolve_paths
-from .selective import IDLE_UPDATES, SCHEDULES, UPPER_PATHS
+from .selective.choices import IDLE_UPDATES, SCHEDULES, UPPER_PATHS
 from .window import parse_window
 
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]

@@ -24,6 +24,30 @@ def lcsb(*args: str, cwd: Path = REPO, timeout: float = 120) -> subprocess.Compl
                           text=True, timeout=timeout)
 
 
+def cli(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
+    """The CLI in this process, as `python -m lcsb_cli` calls it (`app(...)`, exit code from SystemExit), with stdout
+    and stderr captured: what `lcsb()` returns without a fresh interpreter's ~10 s of imports. Libraries' import-time
+    output happens once per test process here, so a few cases also run through `lcsb()` (test_bad_input)."""
+    import transformers  # noqa: F401 - its log handler binds the real stderr before any capture starts
+    from click.testing import CliRunner
+
+    from lcsb_cli.cli import app
+
+    home = os.getcwd()
+    os.chdir(cwd)
+    try:
+        with CliRunner().isolation() as (out, err, _):
+            try:
+                app(args=list(args), prog_name="lcsb")
+                code = 0
+            except SystemExit as exc:
+                code = exc.code if isinstance(exc.code, int) else int(exc.code is not None)
+            stdout, stderr = out.getvalue().decode(), err.getvalue().decode()
+    finally:
+        os.chdir(home)
+    return subprocess.CompletedProcess(["lcsb", *args], code, stdout, stderr)
+
+
 class Quiet:
     def on_start(self, info):
         pass

@@ -1,7 +1,8 @@
 """Bad input everywhere: exit code 2, one clear `error:` line on stderr naming the file/key/line and the fix, no
 traceback, and a refused command creates, changes or deletes nothing (in a finished run dir or anywhere else).
 
-Every case is a real `python -m lcsb_cli ...` subprocess. One finished run (the "fixture run") is built once per
+Every case runs the CLI in the test process (helpers.cli); a case per verb also runs as a real `python -m lcsb_cli`
+subprocess and must print the same line, so nothing a fresh interpreter prints at import slips by. One finished run (the "fixture run") is built once per
 module; the cases that target it must leave it byte-identical. Cases that point at bad files read them from a
 shared, prepared directory, which must stay unchanged too; a case's new output paths live in its own tmp dir,
 which must stay empty.
@@ -17,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import LAMP2, REPO, lcsb, run_train
+from helpers import LAMP2, REPO, cli, lcsb, run_train
 
 DATA = REPO / "recipes" / "data" / "lamp2"
 def snapshot(root: Path) -> dict[str, str]:
@@ -213,7 +214,7 @@ def test_bad_input_exits_2_with_one_line_and_touches_nothing(world, tmp_path, ar
     argv = [fill(a, places) for a in args]
     before = snapshot(world)
 
-    proc = lcsb(*argv)
+    proc = cli(*argv)
 
     everything = proc.stdout + proc.stderr
     assert "Traceback" not in everything, everything
@@ -228,6 +229,17 @@ def test_bad_input_exits_2_with_one_line_and_touches_nothing(world, tmp_path, ar
     assert sorted(after) == sorted(before), "the refused command added or removed files"
     assert after == before, "the refused command changed files"
     assert not any(tmp_path.iterdir()), f"the refused command created {sorted(tmp_path.iterdir())}"
+
+
+@pytest.mark.parametrize("case", ["misspelt-nested-key", "model-not-causal-lm", "eval-run-eval-file-missing",
+                                  "export-run-without-adapter"])
+def test_a_fresh_process_prints_the_same_one_line(world, tmp_path, case):
+    args = next(args for name, args, *_ in CASES if name == case)
+    argv = [fill(a, {"run": world / "run", "bad": world / "bad", "new": tmp_path / "new"}) for a in args]
+    fresh, here = lcsb(*argv), cli(*argv)
+    assert (fresh.returncode, fresh.stderr, fresh.stdout) == (here.returncode, here.stderr, here.stdout) == (
+        2, here.stderr, "")
+    assert len(fresh.stderr.splitlines()) == 1
 
 
 def test_there_are_enough_cases():

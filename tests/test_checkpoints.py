@@ -6,16 +6,13 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-import os
 import pickle
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
-from helpers import LAMP2, REPO, adapter_tensors, assert_same_tensors, run_train
+from helpers import LAMP2, REPO, adapter_tensors, assert_same_tensors, cli, run_train
 
 from lcsb_cli.errors import BadInput
 from lcsb_cli.run import checkpoint
@@ -31,13 +28,6 @@ from lcsb_cli.run.checkpoint import (
 from lcsb_cli.run.rundir import read_metrics
 
 R = str(LAMP2.relative_to(REPO))
-
-
-def lcsb(*args: str) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k not in ("FORCE_COLOR", "PYTHONWARNINGS", "CLICOLOR_FORCE")}
-    env.update(HF_HUB_OFFLINE="1", LCSB_CACHE=os.environ["LCSB_CACHE"], COLUMNS="400")
-    return subprocess.run([sys.executable, "-m", "lcsb_cli", *args], cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=300)
 
 
 def names(run: Path) -> list[str]:
@@ -96,7 +86,7 @@ def test_resume_skips_a_corrupt_newest_checkpoint_and_loses_no_step(runs, tmp_pa
     data = path.read_bytes()
     path.write_bytes(data[: len(data) // 2])  # a torn write
 
-    proc = lcsb("train", R, "--output", str(run), "--resume", "train.max_steps=8", "train.save_every=2")
+    proc = cli("train", R, "--output", str(run), "--resume", "train.max_steps=8", "train.save_every=2")
 
     said = " ".join((proc.stdout + proc.stderr).split())
     assert proc.returncode == 0, said
@@ -143,7 +133,7 @@ def test_resume_with_every_checkpoint_corrupt_exits_2_and_changes_nothing(runs, 
         path.write_bytes(path.read_bytes()[:100])
     before = snapshot(run)
 
-    proc = lcsb("train", R, "--output", str(run), "--resume", "train.max_steps=8", "train.save_every=2")
+    proc = cli("train", R, "--output", str(run), "--resume", "train.max_steps=8", "train.save_every=2")
 
     assert "Traceback" not in proc.stdout + proc.stderr
     assert proc.returncode == 2, proc.stderr
@@ -191,7 +181,7 @@ def test_a_crash_while_writing_keeps_the_previous_checkpoint(tmp_path, monkeypat
         calls.append(Path(f))
         raise exc
 
-    monkeypatch.setattr(checkpoint.torch, "save", crashing_save)
+    monkeypatch.setattr(torch, "save", crashing_save)
     with pytest.raises(type(exc)):
         save_checkpoint(run, next_step, *small(next_step), keep=3)
     monkeypatch.undo()
@@ -262,7 +252,7 @@ def test_cli_resume_refuses_a_run_whose_only_checkpoint_would_run_code(runs, tmp
     _plant(run / "checkpoints" / "step-6", _evil_bytes("torch.save", marker))
     before = snapshot(run)
 
-    proc = lcsb("train", R, "--output", str(run), "--resume", "train.max_steps=8", "train.save_every=2")
+    proc = cli("train", R, "--output", str(run), "--resume", "train.max_steps=8", "train.save_every=2")
 
     assert "Traceback" not in proc.stdout + proc.stderr
     assert proc.returncode == 2, proc.stderr

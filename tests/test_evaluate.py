@@ -206,9 +206,9 @@ def test_per_user_runs_train_one_adapter_each_and_report_per_user(tmp_path, offi
 def test_cli_eval_without_a_terminal_prints_each_pass_with_its_rate(tmp_path):
     import re
 
-    from helpers import lcsb
+    from helpers import cli
 
-    proc = lcsb("eval", str(LAMP2), "--output", str(tmp_path))
+    proc = cli("eval", str(LAMP2), "--output", str(tmp_path))
     assert proc.returncode == 0, proc.stderr
     lines = proc.stderr.splitlines()
     assert [line.split(":")[0] for line in lines] == ["held-out loss", "score mode"]

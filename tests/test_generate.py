@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import LAMP2, REPO, lcsb, run_train
+from helpers import LAMP2, REPO, cli, run_train
 
 from lcsb_cli.cli import resolve_target
 from lcsb_cli.errors import BadInput
@@ -123,7 +123,7 @@ def world(tmp_path_factory):
     root = tmp_path_factory.mktemp("generate")
     run = root / "run"
     run_train(run, "train.max_steps=8", "train.lr=1e-2", "train.warmup_steps=0", "train.save_every=0")
-    exported = lcsb("export", str(run), "--output", str(root / "merged"), "--merge")
+    exported = cli("export", str(run), "--output", str(root / "merged"), "--merge")
     assert exported.returncode == 0, exported.stderr
     _with_template(root / "merged", root / "plain", None)
     _with_template(root / "merged", root / "chat", TEMPLATE)
@@ -136,7 +136,7 @@ def world(tmp_path_factory):
 
 
 def _generated(*args: str) -> str:
-    proc = lcsb("generate", *args, "--max-new-tokens", "12")
+    proc = cli("generate", *args, "--max-new-tokens", "12")
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.count("\n") >= 1
     return proc.stdout
@@ -209,7 +209,7 @@ def test_bad_input_exits_2_with_one_line(world, args, needles):
     (world / "messages.jsonl").write_text(json.dumps({"messages": [{"role": "user", "content": "hi"}]}) + "\n")
     before = snapshot(world)
 
-    proc = lcsb("generate", *[a.replace("{w}", str(world)) for a in args])
+    proc = cli("generate", *[a.replace("{w}", str(world)) for a in args])
 
     assert "Traceback" not in proc.stdout + proc.stderr, proc.stderr
     assert proc.returncode == 2, proc.stdout + proc.stderr

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 from gguf_readers import LlamaCpp, hf_greedy, hf_logits, transformers_model, transformers_tokenizer
-from helpers import LAMP2, REPO, lcsb, run_train
+from helpers import LAMP2, REPO, cli, run_train
 
 from lcsb_cli.errors import BadInput
 from lcsb_cli.evaluate import run_eval
@@ -168,7 +168,7 @@ def test_bad_gguf_files_exit_2_and_leave_the_cache_clean(bad_gguf, tmp_path, nam
     env_cache = os.environ["LCSB_CACHE"]
     os.environ["LCSB_CACHE"] = str(cache)
     try:
-        result = lcsb("train", str(LAMP2), f"model.name={bad_gguf / name}", "--output", str(tmp_path / "run"))
+        result = cli("train", str(LAMP2), f"model.name={bad_gguf / name}", "--output", str(tmp_path / "run"))
     finally:
         os.environ["LCSB_CACHE"] = env_cache
     assert result.returncode == 2, result.stderr
@@ -185,14 +185,14 @@ def test_bad_gguf_files_exit_2_and_leave_the_cache_clean(bad_gguf, tmp_path, nam
     (["--merge", "--format", "onnx"], "--format: 'onnx' is not one of hf, gguf"),
 ])
 def test_bad_export_flags_exit_2(exported, tmp_path, flags, message):
-    result = lcsb("export", str(exported["run"]), "--output", str(tmp_path / "out.gguf"), *flags)
+    result = cli("export", str(exported["run"]), "--output", str(tmp_path / "out.gguf"), *flags)
     assert result.returncode == 2 and message in result.stderr, result.stderr
     assert not (tmp_path / "out.gguf").exists()
 
 
 def test_export_refuses_an_existing_gguf_file(exported):
     before = exported["f16"].read_bytes()
-    result = lcsb("export", str(exported["run"]), "--merge", "--format", "gguf", "--output", str(exported["f16"]))
+    result = cli("export", str(exported["run"]), "--merge", "--format", "gguf", "--output", str(exported["f16"]))
     assert result.returncode == 2 and "exists" in result.stderr
     assert exported["f16"].read_bytes() == before
 

@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import LAMP2, REPO, lcsb, run_train
+from helpers import LAMP2, REPO, cli, run_train
 from rouge_score import rouge_scorer
 
 from lcsb_cli.data import load_task
@@ -117,7 +117,7 @@ def test_an_empty_file_and_a_file_of_bad_lines_are_refused(tmp_path, tokenizer):
 
 def test_bad_data_exits_2_with_one_line_and_no_traceback(tmp_path):
     path = write_jsonl(tmp_path / "chat.jsonl", [{"messages": [{"role": "user", "content": "hi"}]}])
-    result = lcsb("train", str(LAMP2), "--output", str(tmp_path / "run"), "data.format=chat", f"data.train={path}",
+    result = cli("train", str(LAMP2), "--output", str(tmp_path / "run"), "data.format=chat", f"data.train={path}",
                   *NO_LABELS)
     assert result.returncode == 2, result.stderr
     assert result.stderr.strip().count("\n") == 0 and "Traceback" not in result.stderr

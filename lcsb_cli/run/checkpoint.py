@@ -7,12 +7,13 @@ import json
 import re
 import shutil
 from pathlib import Path
-
-import torch
-from safetensors.torch import load_file, save_file
+from typing import TYPE_CHECKING
 
 from ..atomic import write_dir, write_json_atomic
 from ..errors import BadInput
+
+if TYPE_CHECKING:  # torch loads when a checkpoint is written or read, not for `lcsb validate` or a refused run
+    import torch
 
 ADAPTER_FILE = "adapter_model.safetensors"
 STATE_FILE = "state.pt"
@@ -33,6 +34,9 @@ def step_of(path: Path) -> int | None:
 
 
 def save_checkpoint(run_dir: Path, step: int, adapter: dict[str, torch.Tensor], state: dict, keep: int) -> Path:
+    import torch
+    from safetensors.torch import save_file
+
     def fill(tmp: Path) -> None:
         save_file({k: v.detach().contiguous().cpu() for k, v in adapter.items()}, tmp / ADAPTER_FILE)
         torch.save(state, tmp / STATE_FILE)
@@ -64,6 +68,9 @@ def load_checkpoint(path: Path) -> tuple[dict[str, torch.Tensor], dict]:
     for name in (ADAPTER_FILE, STATE_FILE):
         if name not in files or not (path / name).is_file() or _sha256(path / name) != files[name]:
             raise CorruptCheckpoint(f"{path / name} does not match the checksum in its manifest")
+    import torch
+    from safetensors.torch import load_file
+
     try:
         state = torch.load(path / STATE_FILE, weights_only=True, map_location="cpu")
     except Exception as exc:  # torch raises UnpicklingError for anything but plain data

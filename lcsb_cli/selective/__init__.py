@@ -1,9 +1,19 @@
-"""Layer-Cyclic Selective Backpropagation. Knows torch and a list of decoder layers, nothing else."""
+"""Layer-Cyclic Selective Backpropagation. Knows torch and a list of decoder layers, nothing else.
 
-from .diagnose import surrogate_agreement
-from .layers import UPPER_PATHS, SelectiveLayers
-from .optim import IDLE_UPDATES, IdleMomentum
-from .schedule import SCHEDULES, BlockSchedule, partition
+The recipe's choices import without torch; the engine's names load their modules (and torch) when first asked for.
+"""
 
-__all__ = ["IDLE_UPDATES", "SCHEDULES", "UPPER_PATHS", "BlockSchedule", "IdleMomentum", "SelectiveLayers", "partition",
-           "surrogate_agreement"]
+import importlib
+
+from .choices import IDLE_UPDATES, SCHEDULES, UPPER_PATHS
+
+_MODULE_OF = {"surrogate_agreement": "diagnose", "SelectiveLayers": "layers", "IdleMomentum": "optim",
+              "BlockSchedule": "schedule", "partition": "schedule"}
+
+__all__ = ["IDLE_UPDATES", "SCHEDULES", "UPPER_PATHS", *_MODULE_OF]
+
+
+def __getattr__(name: str):
+    if name not in _MODULE_OF:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f".{_MODULE_OF[name]}", __name__), name)

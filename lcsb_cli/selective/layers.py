@@ -9,7 +9,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-UPPER_PATHS = ("identity", "exact")
+from .choices import UPPER_PATHS
 
 
 class Role(enum.Enum):

@@ -7,8 +7,6 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-IDLE_UPDATES = ("momentum", "none")
-
 
 class IdleMomentum:
     """Lets idle blocks keep moving on their stored AdamW moments (the paper's momentum reuse).

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 
-SCHEDULES = ("cyclic", "reverse", "random", "adaptive")
+from .choices import SCHEDULES
+
 EMA = 0.7  # weight of the previous estimate in a block's gradient-norm average
 
 

@@ -1,0 +1,5 @@
+"""The names a recipe may choose for the LCSB core; torch-free, so a recipe validates without loading torch."""
+
+SCHEDULES = ("cyclic", "reverse", "random", "adaptive")
+UPPER_PATHS = ("identity", "exact")
+IDLE_UPDATES = ("momentum", "none")
