@@ -236,11 +236,14 @@ def generate(
     temperature: Annotated[float, typer.Option("--temperature", min=0.0, help="0: greedy; above 0: sampling at this "
                                                "temperature.")] = 0.0,
     seed: Annotated[int, typer.Option("--seed", help="The sampling seed (temperature above 0).")] = 0,
+    stop: Annotated[Optional[list[str]], typer.Option("--stop", metavar="TEXT", help="End a "
+                                                      "generation before this text (\\\\n: a newline; repeat for "
+                                                      "several); default: the recipe's eval.stop.")] = None,
 ) -> None:
     """Decode with the KV cache and stream each generation to the terminal.
 
     Examples: `lcsb generate runs/chat --chat --prompt "Hi"` · `lcsb generate runs/lamp2 --user u1 --file q.jsonl` ·
-    `lcsb generate merged/ --prompt "Once" --temperature 0.8`. Recipe keys: `lcsb validate RECIPE` prints them all, resolved."""
+    `lcsb generate merged/ --prompt "Once" --temperature 0.8 --stop "\\n"`. Recipe keys: `lcsb validate RECIPE` prints them all, resolved."""
     from .generate import read_inputs, run_generate
 
     if (prompt is None) == (file is None):
@@ -249,7 +252,8 @@ def generate(
     if run_dir is not None and adapter is None:
         raise BadInput(f"{run_dir}: a per-user run has one adapter per user; pass --user ID")
     inputs = [prompt] if file is None else read_inputs(file, chat)
-    run_generate(recipe, adapter, inputs, chat, max_new_tokens, temperature, seed)
+    stops = recipe.eval.stop if stop is None else [s.replace("\\n", "\n") for s in stop]
+    run_generate(recipe, adapter, inputs, chat, max_new_tokens, temperature, seed, stops)
 
 
 @app.command()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -13,8 +14,9 @@ from .recipe import Recipe
 
 
 def generate_ids(model, tokenizer, prompts: list[list[int]], max_new_tokens: int, temperature: float = 0.0,
-                 seed: int = 0, streamer=None) -> list[list[int]]:
-    """Each prompt's new tokens, cut before the first stop token (`stop_ids`).
+                 seed: int = 0, streamer=None, stop: Sequence[str] = ()) -> list[list[int]]:
+    """Each prompt's new tokens, cut before the first stop token (`stop_ids`); a row also ends once its text
+    holds a `stop` string (those tokens are kept: `generate_texts` cuts the text).
 
     Prompts are left-padded so every row's next token sits at the last position; transformers derives the position
     ids from the attention mask. temperature 0 is greedy; above 0 samples under `seed` in a forked RNG, so the
@@ -29,19 +31,53 @@ def generate_ids(model, tokenizer, prompts: list[list[int]], max_new_tokens: int
     device = next(model.parameters()).device
     ids, mask = _left_padded(prompts, pad_id)
     sampling = {"do_sample": True, "temperature": temperature} if temperature > 0 else {"do_sample": False}
+    if stop:
+        sampling.update(stop_strings=list(stop), tokenizer=tokenizer)
     forked = [device] if device.type == "cuda" else []
     with inference_mode(model), torch.random.fork_rng(devices=forked):
         torch.manual_seed(seed)
         out = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device), max_new_tokens=max_new_tokens,
                              use_cache=True, eos_token_id=stops or None, pad_token_id=pad_id, streamer=streamer,
                              **sampling)
-    return [_until_stop(row, stops) for row in out[:, ids.shape[1]:].tolist()]
+    ends = [*stops, pad_id] if stop else stops  # a row that a stop string ended is padded from there on
+    return [_until_stop(row, ends) for row in out[:, ids.shape[1]:].tolist()]
 
 
 def generate_texts(model, tokenizer, prompts: list[list[int]], max_new_tokens: int, temperature: float = 0.0,
-                   seed: int = 0, streamer=None) -> list[str]:
-    new = generate_ids(model, tokenizer, prompts, max_new_tokens, temperature, seed, streamer)
-    return tokenizer.batch_decode(new, skip_special_tokens=True)
+                   seed: int = 0, streamer=None, stop: Sequence[str] = ()) -> list[str]:
+    """Each prompt's new text, ended before its first `stop` string."""
+    new = generate_ids(model, tokenizer, prompts, max_new_tokens, temperature, seed, streamer, stop)
+    return [cut_at_stop(text, stop) for text in tokenizer.batch_decode(new, skip_special_tokens=True)]
+
+
+def cut_at_stop(text: str, stop: Sequence[str]) -> str:
+    return text[:min((i for i in (text.find(s) for s in stop if s) if i >= 0), default=len(text))]
+
+
+def text_streamer(tokenizer, stop: Sequence[str] = ()):
+    """transformers' TextStreamer for one prompt's new text that never prints a `stop` string: it holds back as many
+    characters as a stop string could still be completing, and ends the line at the first stop."""
+    from transformers import TextStreamer
+
+    class StopStreamer(TextStreamer):
+        held, stopped = "", False
+
+        def on_finalized_text(self, text: str, stream_end: bool = False):
+            if self.stopped:
+                return
+            self.held += text
+            cut = cut_at_stop(self.held, stop)
+            self.stopped = len(cut) < len(self.held)
+            if stream_end or self.stopped:
+                super().on_finalized_text(cut, stream_end=True)
+                self.held = ""
+                return
+            ready = len(self.held) - max((len(s) - 1 for s in stop), default=0)
+            if ready > 0:
+                super().on_finalized_text(self.held[:ready])
+                self.held = self.held[ready:]
+
+    return StopStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True)
 
 
 def stop_ids(model, tokenizer) -> list[int]:
@@ -114,10 +150,8 @@ def _is_conversation(messages) -> bool:
 
 
 def run_generate(recipe: Recipe, adapter: Path | None, inputs: list[str | list[dict]], chat: bool,
-                 max_new_tokens: int, temperature: float = 0.0, seed: int = 0) -> list[str]:
+                 max_new_tokens: int, temperature: float = 0.0, seed: int = 0, stop: Sequence[str] = ()) -> list[str]:
     """Load the model once, then stream each input's generation to stdout, one prompt at a time; the texts."""
-    from transformers import TextStreamer
-
     from .backends import get_backend
     from .model.load import load_model
 
@@ -127,6 +161,7 @@ def run_generate(recipe: Recipe, adapter: Path | None, inputs: list[str | list[d
     prompts = [prompt_ids(loaded.tokenizer, item, chat) for item in inputs]
     texts = []
     for prompt in prompts:
-        streamer = TextStreamer(loaded.tokenizer, skip_prompt=True, skip_special_tokens=True)
-        texts += generate_texts(loaded.model, loaded.tokenizer, [prompt], max_new_tokens, temperature, seed, streamer)
+        streamer = text_streamer(loaded.tokenizer, stop)
+        texts += generate_texts(loaded.model, loaded.tokenizer, [prompt], max_new_tokens, temperature, seed, streamer,
+                                stop)
     return texts

@@ -126,6 +126,7 @@ class EvalConfig:
     mode: str = "score"  # score: rank the tags by likelihood | generate: greedy decoding, exact match
     batch_size: int = 8  # questions per forward pass
     max_new_tokens: int = 8  # generate mode
+    stop: list[str] = field(default_factory=list)  # generated answers end before the first of these ("\n": one line)
 
 
 @dataclass

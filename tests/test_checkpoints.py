@@ -15,7 +15,6 @@ import torch
 from helpers import LAMP2, REPO, adapter_tensors, assert_same_tensors, cli, run_train
 
 from lcsb_cli.errors import BadInput
-from lcsb_cli.run import checkpoint
 from lcsb_cli.run.checkpoint import (
     ADAPTER_FILE,
     MANIFEST,

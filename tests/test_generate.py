@@ -14,7 +14,7 @@ from helpers import LAMP2, REPO, cli, run_train
 
 from lcsb_cli.cli import resolve_target
 from lcsb_cli.errors import BadInput
-from lcsb_cli.generate import chat_prompt_ids, generate_ids
+from lcsb_cli.generate import chat_prompt_ids, generate_ids, generate_texts
 from lcsb_cli.model.load import load_model, load_tokenizer
 from lcsb_cli.recipe import load_recipe
 
@@ -76,6 +76,22 @@ def test_a_generation_config_eos_stops_it_and_is_cut(tiny):
     eos = tiny.tokenizer.eos_token_id
     assert got == [greedy_without_cache(tiny.model.eval(), p, 16, {eos, stop}) for p in prompts]
     assert got[0] == free[0][:free[0].index(stop)]
+
+
+def test_a_stop_string_ends_its_row_early_and_is_cut_from_the_text(tiny):
+    prompts = [tiny.tokenizer(text)["input_ids"] for text in PROMPTS]
+    free_ids = generate_ids(tiny.model, tiny.tokenizer, prompts, 16)
+    free = generate_texts(tiny.model, tiny.tokenizer, prompts, 16)
+    words = free[0].split()
+    stop = words[len(words) // 2]  # a word from the middle of row 0's answer
+    assert len(words) >= 3 and len(free_ids[0]) == 16
+
+    got_ids = generate_ids(tiny.model, tiny.tokenizer, prompts, 16, stop=[stop])
+    got = generate_texts(tiny.model, tiny.tokenizer, prompts, 16, stop=[stop, "never in any text"])
+
+    assert got == [text[:text.index(stop)] if stop in text else text for text in free]
+    assert len(got_ids[0]) < len(free_ids[0]) and got_ids[0] == free_ids[0][:len(got_ids[0])]  # ended there
+    assert got_ids[1] == free_ids[1][:len(got_ids[1])]
 
 
 def test_sampling_is_seeded_and_leaves_the_global_rng_alone(tiny):
@@ -159,8 +175,10 @@ def test_cli_run_dir_equals_merged_export_and_differs_from_the_base(world):
     from_run = _generated(str(world / "run"), "--file", file)
     assert from_run == _generated(str(world / "merged"), "--file", file)
     assert from_run != _generated(str(LAMP2.relative_to(REPO)), "--file", file)  # the base model
-    assert _generated(str(world / "run"), "--prompt", PROMPTS[0]) == _generated(str(world / "merged"), "--prompt",
-                                                                                PROMPTS[0])
+    one = _generated(str(world / "run"), "--prompt", PROMPTS[0])
+    assert one == _generated(str(world / "merged"), "--prompt", PROMPTS[0])
+    stop = one.strip()[len(one.strip()) // 2:][:3]  # printed text from the middle of the generation
+    assert _generated(str(world / "run"), "--prompt", PROMPTS[0], "--stop", stop) == one[:one.index(stop)] + "\n"
 
 
 @pytest.mark.parametrize("model_dir", ["merged", "lamp-tiny"])

@@ -34,7 +34,8 @@ def evaluate_items(model, tokenizer, items: Sequence, recipe: Recipe, labels: Se
         return preds, {**lamp2_metrics([q.output for q in items], preds, labels), **metrics}
     if recipe.data.format in ("completion", "chat"):
         with phase("generation", len(rows)):
-            preds = generate_answers(model, tokenizer, rows, recipe.eval.max_new_tokens, recipe.eval.batch_size)
+            preds = generate_answers(model, tokenizer, rows, recipe.eval.max_new_tokens, recipe.eval.batch_size,
+                                     recipe.eval.stop)
         return preds, {**text_metrics([row["reference"] for row in rows], preds), **metrics}
     return None, {"n": len(rows), **metrics}
 

@@ -115,8 +115,9 @@ def _answer_logprobs(model, prompts: list[list[int]], answers: list[list[int]], 
 
 
 def generate_tags(model, tokenizer, questions, prompts, recipe, device) -> list[str]:
-    """Greedy decoding, cut at the first newline and stripped, as LaMP's generation setting."""
+    """Greedy decoding, ended at the first newline (or an eval.stop string) and stripped, as LaMP's generation
+    setting."""
     from ..generate import generate_texts
 
-    texts = generate_texts(model, tokenizer, prompts, recipe.eval.max_new_tokens)
-    return [text.split("\n", 1)[0].strip() for text in texts]
+    return [text.strip() for text in generate_texts(model, tokenizer, prompts, recipe.eval.max_new_tokens,
+                                                     stop=["\n", *recipe.eval.stop])]

@@ -40,12 +40,13 @@ def text_metrics(references: Sequence[str], outputs: Sequence[str]) -> dict:
     }
 
 
-def generate_answers(model, tokenizer, rows: Sequence[dict], max_new_tokens: int, batch_size: int) -> list[str]:
-    """Greedy answers to each row's prompt, stripped."""
+def generate_answers(model, tokenizer, rows: Sequence[dict], max_new_tokens: int, batch_size: int,
+                     stop: Sequence[str] = ()) -> list[str]:
+    """Greedy answers to each row's prompt, ended before a `stop` string, stripped."""
     from ..generate import generate_texts
 
     outputs: list[str] = []
     for start in range(0, len(rows), batch_size):
         prompts = [row["prompt_ids"] for row in rows[start:start + batch_size]]
-        outputs += [text.strip() for text in generate_texts(model, tokenizer, prompts, max_new_tokens)]
+        outputs += [text.strip() for text in generate_texts(model, tokenizer, prompts, max_new_tokens, stop=stop)]
     return outputs
