@@ -29,7 +29,7 @@ def generate_ids(model, tokenizer, prompts: list[list[int]], max_new_tokens: int
     stops = stop_ids(model, tokenizer)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     device = next(model.parameters()).device
-    ids, mask = _left_padded(prompts, pad_id)
+    ids, mask = left_padded(prompts, pad_id)
     sampling = {"do_sample": True, "temperature": temperature} if temperature > 0 else {"do_sample": False}
     if stop:
         sampling.update(stop_strings=list(stop), tokenizer=tokenizer)
@@ -87,7 +87,7 @@ def stop_ids(model, tokenizer) -> list[int]:
     return list(dict.fromkeys(i for i in [tokenizer.eos_token_id, *configured] if i is not None))
 
 
-def _left_padded(prompts: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+def left_padded(prompts: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
     width = max(len(p) for p in prompts)
     ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
     mask = torch.zeros_like(ids)

@@ -1,5 +1,6 @@
 """LaMP-2 evaluation: metrics by hand, scoring against an unpadded reference, retrieval, per-user runs."""
 
+import contextlib
 import json
 import math
 
@@ -85,9 +86,7 @@ def test_users_group_by_user_id_or_by_question():
                                                                               ("p2", "action", ["p1"])]
 
 
-@pytest.fixture(scope="module")
-def tiny_model():
-    recipe = load_recipe(LAMP2, [])
+def _with_random_lora(recipe):
     loaded = load_model(recipe, torch.device("cpu"))
     with torch.no_grad():
         for name, p in loaded.model.named_parameters():
@@ -96,23 +95,44 @@ def tiny_model():
     return recipe, loaded
 
 
-def test_shared_prefix_scores_equal_each_prompt_and_answer_run_whole_and_unpadded(tiny_model):
+@pytest.fixture(scope="module")
+def tiny_model():
+    return _with_random_lora(load_recipe(LAMP2, []))
+
+
+@pytest.fixture(scope="module")
+def tiny_nf4():
+    return _with_random_lora(load_recipe(LAMP2, ["quantization=nf4"]))
+
+
+@pytest.mark.parametrize("case", ["adapter", "base", "one-answer-a-pass", "nf4"])
+def test_shared_prefix_scores_equal_each_prompt_and_answer_run_whole_and_unpadded(request, monkeypatch, case):
     """Prompts of different lengths (left padding), answers of different lengths (right padding), several answers
-    per prompt scored from one KV cache, against a full forward of each prompt + answer alone."""
-    recipe, loaded = tiny_model
+    per prompt scored from one KV cache (or one answer a pass, as a large vocabulary makes it), against a full
+    forward of each prompt + answer alone; with the adapter, without it, and on 4-bit weights."""
+    from lcsb_cli.evaluate import labels
+
+    recipe, loaded = request.getfixturevalue("tiny_nf4" if case == "nf4" else "tiny_model")
+    if case == "one-answer-a-pass":
+        monkeypatch.setattr(labels, "LOGITS_BUDGET_BYTES", 1)
     prompts = [[5, 6, 7, 8, 9, 10], [5, 6], [20, 21, 22]]
     rows = [(0, [11, 0]), (0, [12, 13, 14, 0]), (1, [12, 13, 14, 0]), (1, [0]), (1, [11, 0]), (2, [0])]
-    with inference_mode(loaded.model):
+    adapter = loaded.model.disable_adapter() if case == "base" else contextlib.nullcontext()
+    with inference_mode(loaded.model), adapter:
         got = _answer_logprobs(loaded.model, prompts, [a for _, a in rows], [o for o, _ in rows], 1,
                                torch.device("cpu"))
-        worst = 0.0
-        for (owner, answer), score in zip(rows, got):
+        references = []
+        for owner, answer in rows:
             prompt = prompts[owner]
             logp = F.log_softmax(loaded.model(input_ids=torch.tensor([prompt + answer])).logits[0, :-1].float(), -1)
-            reference = float(sum(logp[len(prompt) - 1 + j, token] for j, token in enumerate(answer)))
-            worst = max(worst, abs(float(score) - reference))
-            assert math.isclose(float(score), reference, rel_tol=1e-5, abs_tol=1e-5)
-    print(f"max abs difference against full-prompt scoring: {worst:.2e}")
+            references.append(float(sum(logp[len(prompt) - 1 + j, token] for j, token in enumerate(answer))))
+    for score, reference in zip(got.tolist(), references):
+        assert math.isclose(score, reference, rel_tol=1e-5, abs_tol=1e-5)
+    for owner in range(len(prompts)):  # each prompt's answers rank alike
+        mine = [i for i, (o, _) in enumerate(rows) if o == owner]
+        assert sorted(mine, key=lambda i: got[i]) == sorted(mine, key=lambda i: references[i])
+    worst = max(abs(a - b) for a, b in zip(got.tolist(), references))
+    print(f"{case}: max abs difference against full-prompt scoring: {worst:.2e}")
 
 
 def test_score_mode_picks_only_from_the_questions_own_tag_list(tiny_model):

@@ -3,15 +3,17 @@ computes them."""
 
 from __future__ import annotations
 
+import copy
 from collections import Counter
 from collections.abc import Sequence
 
 import torch
-import torch.nn.functional as F
 
 from ..data.lamp2 import TAGS, LampQuestion, encode_example, retrieve_profile, split_input
 from ..model.load import inference_mode
 from ..recipe import Recipe
+
+LOGITS_BUDGET_BYTES = 64 * 2**20
 
 
 def lamp2_metrics(golds: Sequence[str], preds: Sequence[str], labels: Sequence[str] = TAGS) -> dict:
@@ -87,19 +89,27 @@ def score_tags(model, tokenizer, questions, prompts, recipe, device) -> list[str
 def _answer_logprobs(model, prompts: list[list[int]], answers: list[list[int]], owners: list[int], pad_id: int,
                      device) -> torch.Tensor:
     """Sum of log-probs of each answer after its prompt (`owners[i]` indexes prompts). Each prompt runs once,
-    left-padded, keeping its KV cache and only its last position's logits; the cache is gathered over the
-    answers, which all run in one right-padded pass from it."""
-    width = max(map(len, prompts))
-    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    for i, prompt in enumerate(prompts):
-        ids[i, width - len(prompt):] = torch.tensor(prompt)
-        mask[i, width - len(prompt):] = 1
+    left-padded, keeping its KV cache and only its last position's logits; the answers then run from that cache,
+    right-padded, as many at a time as keep their fp32 logits within LOGITS_BUDGET_BYTES (a 150k-token vocabulary
+    makes the logits, not the model, what eval memory is spent on)."""
+    from ..generate import left_padded
+
+    ids, mask = left_padded(prompts, pad_id)
     positions = (mask.cumsum(1) - 1).clamp(min=0)
     out = model(input_ids=ids.to(device), attention_mask=mask.to(device), position_ids=positions.to(device),
                 use_cache=True, logits_to_keep=1)
+    prompt_pass = (out.logits[:, -1], out.cache, mask, positions)
+    rows = max(1, LOGITS_BUDGET_BYTES // (max(map(len, answers)) * out.logits.shape[-1] * 4))
+    return torch.cat([_answers_from_cache(model, prompt_pass, answers[i:i + rows], owners[i:i + rows], pad_id, device,
+                                          keep_cache=rows < len(answers)) for i in range(0, len(answers), rows)])
+
+
+def _answers_from_cache(model, prompt_pass, answers: list[list[int]], owners: list[int], pad_id: int, device,
+                        keep_cache: bool) -> torch.Tensor:
+    last_logits, cache, mask, positions = prompt_pass
     owner = torch.tensor(owners)
-    out.cache.batch_select_indices(owner.to(device))
+    cache = copy.deepcopy(cache) if keep_cache else cache  # the gather below is in place
+    cache.batch_select_indices(owner.to(device))
     tail = max(map(len, answers))
     answer_ids = torch.full((len(answers), tail), pad_id, dtype=torch.long)
     answer_mask = torch.zeros_like(answer_ids)
@@ -108,9 +118,9 @@ def _answer_logprobs(model, prompts: list[list[int]], answers: list[list[int]], 
         answer_mask[i, :len(answer)] = 1
     logits = model(input_ids=answer_ids.to(device), attention_mask=torch.cat([mask[owner], answer_mask], 1).to(device),
                    position_ids=(positions[owner, -1:] + 1 + torch.arange(tail)).to(device),
-                   cache=out.cache, use_cache=True).logits
-    predicting = torch.cat([out.logits[owner.to(device), -1:], logits[:, :-1]], 1).float()  # logits before each token
-    picked = F.log_softmax(predicting, dim=-1).gather(-1, answer_ids.to(device).unsqueeze(-1)).squeeze(-1)
+                   cache=cache, use_cache=True).logits
+    predicting = torch.cat([last_logits[owner.to(device)].unsqueeze(1), logits[:, :-1]], 1).float()  # before each
+    picked = predicting.gather(-1, answer_ids.to(device).unsqueeze(-1)).squeeze(-1) - predicting.logsumexp(-1)
     return (picked * answer_mask.to(device)).sum(-1).cpu()
 
 
