@@ -21,7 +21,7 @@ from lcsb_cli.data.lamp2 import (
 )
 from lcsb_cli.data.synthetic import write_lamp2_sample
 from lcsb_cli.evaluate import run_eval
-from lcsb_cli.evaluate.labels import _answer_logprobs, lamp2_metrics, majority_accuracy, score_tags
+from lcsb_cli.evaluate.labels import answer_logprobs, lamp2_metrics, majority_accuracy, score_tags
 from lcsb_cli.model.load import inference_mode, load_model
 from lcsb_cli.recipe import load_recipe
 
@@ -119,7 +119,7 @@ def test_shared_prefix_scores_equal_each_prompt_and_answer_run_whole_and_unpadde
     rows = [(0, [11, 0]), (0, [12, 13, 14, 0]), (1, [12, 13, 14, 0]), (1, [0]), (1, [11, 0]), (2, [0])]
     adapter = loaded.model.disable_adapter() if case == "base" else contextlib.nullcontext()
     with inference_mode(loaded.model), adapter:
-        got = _answer_logprobs(loaded.model, prompts, [a for _, a in rows], [o for o, _ in rows], 1,
+        got = answer_logprobs(loaded.model, prompts, [a for _, a in rows], [o for o, _ in rows], 1,
                                torch.device("cpu"))
         references = []
         for owner, answer in rows:
@@ -221,6 +221,15 @@ def test_per_user_runs_train_one_adapter_each_and_report_per_user(tmp_path, offi
     assert (report["steps"], report["max_steps"], report["eval_after"]) == (4, 4, summary["eval_after"])
     assert "before training" in (run_dir / "report.md").read_text()
     assert [result["users"][u]["adapter"] for u in two_users] == [str(run_dir / "adapters" / u) for u in two_users]
+    # one base, adapters swapped in: the same as loading the base with each user's adapter afresh
+    swapped = {g["id"]: g["output"] for g in json.loads((run_dir / "predictions.json").read_text())["golds"]}
+    for user in two_users:
+        alone = run_eval(load_recipe(run_dir / "config.yaml", [f"data.user={user}"]), tmp_path / user,
+                         run_dir / "adapters" / user)
+        assert alone["n"] == result["users"][user]["n"] > 0
+        assert alone["loss"] == pytest.approx(result["users"][user]["loss"], abs=1e-6)
+        reloaded = json.loads((tmp_path / user / "predictions.json").read_text())["golds"]
+        assert {g["id"]: g["output"] for g in reloaded} == {g["id"]: swapped[g["id"]] for g in reloaded}
 
 
 def test_cli_eval_without_a_terminal_prints_each_pass_with_its_rate(tmp_path):

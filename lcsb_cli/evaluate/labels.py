@@ -55,12 +55,12 @@ def predict(model, tokenizer, questions: Sequence[LampQuestion], recipe: Recipe)
     with inference_mode(model):
         for start in range(0, len(questions), recipe.eval.batch_size):
             chunk = questions[start:start + recipe.eval.batch_size]
-            prompts = [_prompt_ids(tokenizer, q, recipe) for q in chunk]
+            prompts = [prompt_ids(tokenizer, q, recipe) for q in chunk]
             preds += predictor(model, tokenizer, chunk, prompts, recipe, device)
     return preds
 
 
-def _prompt_ids(tokenizer, question: LampQuestion, recipe: Recipe) -> list[int]:
+def prompt_ids(tokenizer, question: LampQuestion, recipe: Recipe) -> list[int]:
     profile = retrieve_profile(question, recipe.data.profile_k)
     return encode_example(tokenizer, question.input, None, recipe.data.max_length, profile)["input_ids"]
 
@@ -72,13 +72,8 @@ def score_tags(model, tokenizer, questions, prompts, recipe, device) -> list[str
     makes a tag and a longer tag that starts with it ("comedy", "comedy drama") compete fairly; averaging per
     token would favour long tags.
     """
-    answers, owners, tags = [], [], []
-    for index, question in enumerate(questions):
-        for tag in split_input(question.input)[0]:
-            answers.append(tokenizer(" " + tag, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id])
-            owners.append(index)
-            tags.append(tag)
-    scores = _answer_logprobs(model, prompts, answers, owners, tokenizer.pad_token_id, device)
+    answers, owners, tags = candidate_answers(tokenizer, questions)
+    scores = answer_logprobs(model, prompts, answers, owners, tokenizer.pad_token_id, device)
     best: dict[int, tuple[float, str]] = {}
     for owner, tag, score in zip(owners, tags, scores.tolist()):
         if owner not in best or score > best[owner][0]:
@@ -86,7 +81,18 @@ def score_tags(model, tokenizer, questions, prompts, recipe, device) -> list[str
     return [best[i][1] for i in range(len(questions))]
 
 
-def _answer_logprobs(model, prompts: list[list[int]], answers: list[list[int]], owners: list[int], pad_id: int,
+def candidate_answers(tokenizer, questions) -> tuple[list[list[int]], list[int], list[str]]:
+    """Every tag of each question's own list as answer tokens (" tag" + end-of-text), the question's index, the tag."""
+    answers, owners, tags = [], [], []
+    for index, question in enumerate(questions):
+        for tag in split_input(question.input)[0]:
+            answers.append(tokenizer(" " + tag, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id])
+            owners.append(index)
+            tags.append(tag)
+    return answers, owners, tags
+
+
+def answer_logprobs(model, prompts: list[list[int]], answers: list[list[int]], owners: list[int], pad_id: int,
                      device) -> torch.Tensor:
     """Sum of log-probs of each answer after its prompt (`owners[i]` indexes prompts). Each prompt runs once,
     left-padded, keeping its KV cache and only its last position's logits; the answers then run from that cache,
