@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 import pytest
-from helpers import LAMP2, REPO
+from helpers import LAMP2, REPO, cli
 
 FIELDS = {"name", "median_step_time_s", "tokens_per_s", "peak_mem_mb", "final_loss", "eval", "diverged", "speedup"}
 
@@ -37,6 +37,12 @@ def test_bench_runs_methods_interleaved_and_writes_its_reports(tmp_path):
     assert memory["hf-trainer"] is None  # HF's own loop: the engine's probes see none of it
     assert 0 < memory["lcsb:4"]["activations_mb"] < memory["full-backprop"]["activations_mb"] / 2
     assert "Peak RSS breakdown" in (out / "bench.md").read_text()
+    assert set(result["matmul_limit_gflops"]) == {"float32", "bfloat16"} and result["matmul_probe"]["threads"] >= 1
+    assert all(m["model_gflop_per_step"] > 0 and m["achieved_gflops"] > 0 and m["roofline_fraction"] > 0
+               for m in result["methods"])
+    gflop = {m["name"]: m["model_gflop_per_step"] for m in result["methods"]}  # the same batches for every method
+    assert gflop["lcsb:4"] < gflop["lcsb:2"] < gflop["full-backprop"] < gflop["hf-trainer"]  # HF: logits everywhere
+    assert "GFLOP/s (of limit)" in (out / "bench.md").read_text()
 
 
 def test_bench_evaluates_a_completion_recipe_by_loss_and_rouge(tmp_path):
@@ -219,17 +225,17 @@ def test_equal_time_gives_each_method_full_backprops_time_within_one_step():
 
 def test_bench_over_seeds_at_equal_time_and_its_eval_matches_lcsb_eval(tmp_path):
     out = tmp_path / "bench"
-    proc = subprocess.run([sys.executable, "-m", "lcsb_cli", "bench", str(LAMP2), "--compare", "lcsb:2", "--steps",
-                           "2", "--warmup", "1", "--seeds", "2", "--budget", "equal-time", "--eval", "--output",
+    proc = subprocess.run([sys.executable, "-m", "lcsb_cli", "bench", str(LAMP2), "--compare", "full-backprop",
+                           "--steps", "2", "--warmup", "1", "--seeds", "2", "--budget", "equal-time", "--eval", "--output",
                            str(out)], cwd=REPO, capture_output=True, text=True,
                           env={**os.environ, "HF_HUB_OFFLINE": "1"}, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     result = json.loads((out / "bench.json").read_text())
     assert result["budget"] == "equal-time" and result["seeds"] == [0, 1]
-    assert [m["name"] for m in result["methods"]] == ["lcsb:4", "lcsb:2", "full-backprop"]  # the budget's baseline
+    assert [m["name"] for m in result["methods"]] == ["lcsb:4", "full-backprop"]
     progress = proc.stderr.splitlines()  # no TTY: plain lines, every step of every method and seed, then its eval
-    assert "seed 1 full-backprop step 3: loss " in proc.stderr and "seed 0 lcsb:2: evaluating" in progress
-    full = result["methods"][2]
+    assert "seed 1 full-backprop step 3: loss " in proc.stderr and "seed 0 lcsb:4: evaluating" in progress
+    full = result["methods"][1]
     for method in result["methods"]:
         per_seed = method["seeds"]
         assert [s["seed"] for s in per_seed] == [0, 1]
@@ -239,13 +245,11 @@ def test_bench_over_seeds_at_equal_time_and_its_eval_matches_lcsb_eval(tmp_path)
             assert own["train_time_s"] >= target["train_time_s"]
     assert "Per seed" in (out / "bench.md").read_text()
 
-    adapter = out / "adapters" / "seed-1" / "lcsb-2"
-    evaluated = subprocess.run([sys.executable, "-m", "lcsb_cli", "eval", str(LAMP2), "--adapter", str(adapter),
-                                "--output", str(tmp_path / "eval")], cwd=REPO, capture_output=True, text=True,
-                               env={**os.environ, "HF_HUB_OFFLINE": "1"}, timeout=600)
+    adapter = out / "adapters" / "seed-1" / "lcsb-4"
+    evaluated = cli("eval", str(LAMP2), "--adapter", str(adapter), "--output", str(tmp_path / "eval"))
     assert evaluated.returncode == 0, evaluated.stderr[-2000:]
     direct = json.loads((tmp_path / "eval" / "eval.json").read_text())
-    from_bench = result["methods"][1]["seeds"][1]["eval"]
+    from_bench = result["methods"][0]["seeds"][1]["eval"]
     assert from_bench["n"] == direct["n"] > 0
     for key in ("accuracy", "macro_f1", "loss"):
         assert from_bench[key] == pytest.approx(direct[key], abs=1e-9)
@@ -258,6 +262,7 @@ def test_lcsb_variants_name_their_upper_path_and_refuse_bad_names():
 
     recipe = load_recipe(LAMP2)
     names = method_names(recipe, ["lcsb:2", "lcsb:4:exact8", "lcsb:4:exact"])
+    assert method_names(recipe, ["lcsb:2"], "equal-time") == ["lcsb:4", "lcsb:2", "full-backprop"]  # the budget's
     assert names == ["lcsb:4", "lcsb:2", "lcsb:4:exact8", "lcsb:4:exact"]
     paths = [(r.lcsb.blocks, r.lcsb.upper_path, r.lcsb.exact_above, r.train.max_steps)
              for r in (method_recipe(recipe, name, 7) for name in names)]
@@ -268,3 +273,86 @@ def test_lcsb_variants_name_their_upper_path_and_refuse_bad_names():
             method_names(recipe, [bad])
     with pytest.raises(BadInput, match="--budget"):
         method_names(recipe, [], "equal-energy")
+
+
+def _shape(layers: int = 2, targets=("q_proj", "v_proj")):
+    from types import SimpleNamespace
+
+    from lcsb_cli.bench.roofline import ModelShape
+    from lcsb_cli.recipe import load_recipe
+
+    config = SimpleNamespace(hidden_size=8, intermediate_size=16, num_attention_heads=2, num_key_value_heads=1,
+                             head_dim=4, num_hidden_layers=layers, vocab_size=32)
+    return ModelShape.of(config, load_recipe(LAMP2, ["lora.rank=2", f"lora.targets=[{','.join(targets)}]"]))
+
+
+def test_step_flops_match_a_hand_count():
+    """hidden 8, intermediate 16, 2 heads / 1 KV head of 4, 2 layers, vocab 32, LoRA r=2 on q and v; one row of 3
+    tokens, 2 of them targets. Per layer: projections 2*3*(64+32+32+64+128+128+128) = 3456; LoRA B sides
+    2*3*2*(8+4) = 144, A sides 2*3*2*(8+8) = 192; attention 4*1*2*3^2*4 = 288. Head 2*2*8*32 = 1024.
+    Forward 2*(3456+144+192+288) + 1024 = 9184. Full backprop: per layer 3456+144+192+2*288 = 4368 plus LoRA weight
+    gradients 336; the lowest layer drops its q/k/v input gradients 2*3*(64+32+32) = 768 and q/v A-side 192:
+    (4368-960+336) + (4368+336) + head 1024 = 9472."""
+    from lcsb_cli.bench.compare import method_recipe
+    from lcsb_cli.bench.roofline import StepFlops, plan_for
+    from lcsb_cli.recipe import load_recipe
+
+    recipe = load_recipe(LAMP2)
+    shape = _shape()
+
+    def count(name: str) -> float:
+        return StepFlops(shape, plan_for(method_recipe(recipe, name, 1), 2)).micro_batch(1, 3, 2)
+
+    assert count("full-backprop") == count("full-backprop+ckpt") == 9184 + 9472
+    assert count("mezo") == 2 * 9184
+    assert count("lcsb:2") == 9184 + (4368 - 960 + 336) + 1024  # each block: one layer, the lowest, trained
+    assert count("lcsb:2:exact") == 9184 + ((4368 - 960 + 336) * 2 + 4368 + 1024 * 2) / 2  # block 0 sees layer 1 too
+
+
+def test_lcsb_and_mezo_count_less_backward_than_full_backprop():
+    from lcsb_cli.bench.compare import method_recipe
+    from lcsb_cli.bench.roofline import Plan, StepFlops, plan_for
+    from lcsb_cli.recipe import load_recipe
+
+    recipe, shape = load_recipe(LAMP2), _shape(layers=4, targets=("q_proj", "k_proj", "v_proj", "o_proj"))
+    forward = StepFlops(shape, Plan(1, *([(0.0,) * 4] * 3))).micro_batch(4, 100, 20)
+    backward = {name: StepFlops(shape, plan_for(method_recipe(recipe, name, 1), 4)).micro_batch(4, 100, 20) - forward
+                for name in ("full-backprop", "lcsb:4", "lcsb:4:exact", "freeze", "lisa", "mezo")}
+    assert backward["mezo"] == forward  # two forwards, no backward
+    assert 0 < backward["lcsb:4"] < backward["full-backprop"] / 3
+    assert backward["lcsb:4"] < backward["lcsb:4:exact"] < backward["full-backprop"]
+    assert backward["lisa"] < backward["full-backprop"]
+    lisa = plan_for(method_recipe(recipe, "lisa", 1), 4)  # 2 of 4 layers drawn: lowest is 0 with 3/6, 1 with 2/6
+    assert lisa.lowest == pytest.approx((0.5, 1 / 3, 1 / 6, 0)) and lisa.through[-1] == 1 and lisa.trained[0] == 0.5
+
+
+def test_matmul_probe_measures_both_dtypes():
+    from lcsb_cli.bench.roofline import probe_matmul
+
+    probe = probe_matmul(_shape(), tokens=64, seconds=0.01)
+    assert set(probe["matmul_limit_gflops"]) == {"float32", "bfloat16"}
+    assert all(rate > 0 for rate in probe["matmul_limit_gflops"].values())
+    assert [64, 8, 16] in probe["matmul_probe"]["shapes"] and len(probe["matmul_probe"]["shapes"]) == 4
+
+
+def test_roofline_fields_and_their_column():
+    from lcsb_cli.bench.compare import summarize_bench
+    from lcsb_cli.bench.seeds import combine_seeds
+    from lcsb_cli.bench.table import bench_markdown
+    from lcsb_cli.recipe import load_recipe
+
+    timed = {"lcsb:4": _rows([0.5, 0.7, 0.6]), "full-backprop": _rows([1.0, 1.2, 1.1])}
+    for name, gflop in (("lcsb:4", [3, 3, 6]), ("full-backprop", [8, 8, 8])):
+        for row, value in zip(timed[name], gflop):
+            row["model_flops"] = value * 1e9
+    result = combine_seeds([summarize_bench(list(timed), timed, timed, {}, None, {"lcsb:4": "bfloat16",
+                                                                                  "full-backprop": "float32"},
+                                            {"float32": 20.0, "bfloat16": 10.0})], [0])
+    result.update(matmul_limit_gflops={"float32": 20.0, "bfloat16": 10.0},
+                  matmul_probe={"shapes": [[64, 8, 16]], "threads": 2})
+    lcsb, full = result["methods"]
+    assert lcsb["model_gflop_per_step"] == 4 and lcsb["achieved_gflops"] == pytest.approx(4 / 0.6)
+    assert lcsb["roofline_fraction"] == pytest.approx(4 / 0.6 / 10) and full["roofline_fraction"] == pytest.approx(
+        8 / 1.1 / 20)
+    text = bench_markdown(result, load_recipe(LAMP2), 3, 0)
+    assert "| lcsb:4 | 3 | 0.600 | 167 | 6.7 (67% of bf16) |" in text and "fp32 20.0, bf16 10.0" in text

@@ -9,6 +9,7 @@ from ..atomic import write_json_atomic, write_text_atomic
 from ..errors import BadInput
 from ..recipe import Recipe, replace_key
 from ..run.summary import step_stats
+from .roofline import compute_dtype, roofline_fields
 from .seeds import combine_seeds, plot_loss_curves
 from .session import BASELINE, BUDGETS, run_session
 from .table import bench_markdown
@@ -88,19 +89,22 @@ def run_bench(recipe: Recipe, compare: list[str], steps: int, warmup: int, outpu
     if budget == "equal-time" and any(n.startswith("hf-trainer") for n in names):
         raise BadInput("--budget equal-time: hf-trainer runs a fixed number of steps; compare it at equal-steps")
     seed_values = [recipe.train.seed + i for i in range(seeds)]
-    per_seed, rows = [], []
+    per_seed, rows, probe = [], [], None
     for seed in seed_values:
         seeded = replace_key(recipe, "train.seed", seed)
         recipes = {name: method_recipe(seeded, name, warmup + steps) for name in names}
         adapters = output / "adapters" / f"seed-{seed}" if evaluate else None
         shown = reporter and (lambda name, row, seed=seed: reporter(f"seed {seed} {name}", row))
-        session = run_session(recipes, steps, warmup, budget, evaluate, adapters, shown)
+        session, probed = run_session(recipes, steps, warmup, budget, evaluate, adapters, shown, probe is None)
+        probe = probe or probed  # measured once, before the first seed's steps
         per_seed.append(summarize_bench(names, {n: s["timed"] for n, s in session.items()},
                                         {n: s["rows"] for n, s in session.items()},
                                         {n: s["eval"] for n, s in session.items()},
-                                        {n: s["memory"] for n, s in session.items()}))
+                                        {n: s["memory"] for n, s in session.items()},
+                                        {n: compute_dtype(r, n) for n, r in recipes.items()},
+                                        probe["matmul_limit_gflops"]))
         rows.append({n: s["rows"] for n, s in session.items()})
-    result = {**combine_seeds(per_seed, seed_values), "budget": budget, "steps": steps, "warmup": warmup}
+    result = {**combine_seeds(per_seed, seed_values), "budget": budget, "steps": steps, "warmup": warmup, **probe}
     output.mkdir(parents=True, exist_ok=True)
     write_json_atomic(output / "bench.json", result)
     write_text_atomic(output / "bench.md", bench_markdown(result, recipe, steps, warmup))
@@ -109,8 +113,10 @@ def run_bench(recipe: Recipe, compare: list[str], steps: int, warmup: int, outpu
 
 
 def summarize_bench(names: list[str], timed: dict[str, list[dict]], all_rows: dict[str, list[dict]],
-                    evals: dict, memory: dict | None = None) -> dict:
-    """bench.json: each method's step_stats over its timed steps; `diverged` and the eval over all of them."""
+                    evals: dict, memory: dict | None = None, dtypes: dict[str, str] | None = None,
+                    limits: dict[str, float] | None = None) -> dict:
+    """bench.json: each method's step_stats over its timed steps; `diverged` and the eval over all of them; its
+    model GFLOP/s against the matmul limit (`limits`, by dtype) of the dtype it computes in (`dtypes`)."""
     baseline = BASELINE if BASELINE in names else names[0]
     stats = {name: step_stats(timed[name]) for name in names}
     methods = []
@@ -119,7 +125,9 @@ def summarize_bench(names: list[str], timed: dict[str, list[dict]], all_rows: di
                  "train_time_s": sum(row["step_time_s"] for row in timed[name]),
                  "diverged": any(r.get("event") in ("diverged", "rollback") for r in all_rows[name]),
                  "speedup": stats[baseline]["median_step_time_s"] / stats[name]["median_step_time_s"],
-                 "memory": (memory or {}).get(name)}
+                 "memory": (memory or {}).get(name), "compute_dtype": (dtypes or {}).get(name),
+                 **roofline_fields(timed[name], stats[name]["median_step_time_s"],
+                                   (limits or {}).get((dtypes or {}).get(name)))}
         if "sim_median_step_time_s" in entry:
             entry["sim_speedup"] = stats[baseline]["sim_median_step_time_s"] / entry["sim_median_step_time_s"]
         methods.append({**entry, **_ideal_speedup(entry, stats.get(BASELINE))})

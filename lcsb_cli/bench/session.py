@@ -14,12 +14,15 @@ PROBE_STEPS = 3  # equal-time: timed steps of every method before each one's LR 
 
 
 def run_session(recipes: dict[str, Recipe], steps: int, warmup: int, budget: str, evaluate: bool,
-                adapters: Path | None, reporter=None) -> dict[str, dict]:
-    """Each method's step rows, eval (with `evaluate`; its adapter saved under `adapters`) and memory breakdown."""
+                adapters: Path | None, reporter=None, probe: bool = False) -> tuple[dict[str, dict], dict | None]:
+    """Each method's step rows, eval (with `evaluate`; its adapter saved under `adapters`) and memory breakdown;
+    with `probe`, the machine's matmul limits, measured before any step by the first worker (the recipe's own
+    method: always one of the engine's, never hf-trainer)."""
     workers = {name: _Worker(name, recipe, warmup + steps) for name, recipe in recipes.items()}
     try:
         for worker in workers.values():
             worker.setup = worker.receive()
+        limits = next(iter(workers.values())).ask("roofline", None) if probe else None
         for _ in range(warmup):
             _round(workers.values(), reporter)
         if budget == "equal-steps":
@@ -33,7 +36,7 @@ def run_session(recipes: dict[str, Recipe], steps: int, warmup: int, budget: str
         for worker in workers.values():
             worker.close()
     return {name: {"rows": w.rows, "timed": w.rows[warmup:], "eval": evals[name], "memory": memory[name]}
-            for name, w in workers.items()}
+            for name, w in workers.items()}, limits
 
 
 def _equal_time(workers: dict, steps: int, warmup: int, reporter) -> None:

@@ -12,6 +12,10 @@ from ..recipe import Recipe
 IDEAL = ("lcsb:K's ideal speedup = (F_full + B_full) / (F_lcsb + B_full / K), F and B the forward and backward "
          "medians of full backprop and of that lcsb:K: its step time if its backward cost exactly a K-th of full "
          "backprop's; efficiency = speedup / ideal speedup.")
+ROOFLINE = ("GFLOP/s = model FLOPs per step (counted from the shapes: forward and the backward the method "
+            "differentiates, no recomputation) / median step time; of limit = its share of this machine's matmul "
+            "GFLOP/s at the model's projection shapes, in the dtype the method computes in")
+SHORT_DTYPES = {"float32": "fp32", "bfloat16": "bf16"}
 MEMORY_COLUMNS = {"peak_rss_mb": "peak RSS", "runtime_mb": "runtime", "weights_mb": "weights",
                   "lora_optimizer_mb": "LoRA + optimizer", "activations_mb": "activations", "logits_mb": "logits",
                   "other_mb": "other"}
@@ -48,6 +52,8 @@ def bench_markdown(result: dict, recipe: Recipe, steps: int, warmup: int) -> str
              f"{', '.join(map(str, result['seeds']))}; baseline {result['baseline']}.", ""]
     if any("ideal_speedup" in m for m in result["methods"]):
         lines += [IDEAL, ""]
+    if "matmul_limit_gflops" in result:
+        lines += [_limits(result) + " " + ROOFLINE + ".", ""]
     for table in bench_tables(result, recipe):
         lines += [f"{table.title}:", "", *markdown_lines(table), ""]
     return "\n".join(lines)
@@ -76,6 +82,19 @@ def _budget(result: dict, steps: int) -> str:
     return f"{steps} timed steps per method"
 
 
+def _limits(result: dict) -> str:
+    shapes = ", ".join("x".join(map(str, s)) for s in result["matmul_probe"]["shapes"])
+    rates = ", ".join(f"{SHORT_DTYPES.get(d, d)} {g:.1f}" for d, g in result["matmul_limit_gflops"].items())
+    return (f"Matmul limit (GFLOP/s, GEMMs M x K x N {shapes}, {result['matmul_probe']['threads']} threads): "
+            f"{rates}.")
+
+
+def _roofline(m: dict) -> str:
+    if "achieved_gflops" not in m:
+        return ""
+    return f"{m['achieved_gflops']:.1f} ({m['roofline_fraction']:.0%} of {SHORT_DTYPES[m['compute_dtype']]})"
+
+
 def _headline(evals: list[dict]) -> str:
     return next((key for key in ("accuracy", "rougeL", "perplexity") if any(key in e for e in evals)), "accuracy")
 
@@ -86,11 +105,15 @@ def _main(methods: list[dict], baseline: str) -> BenchTable:
     headline = _headline(evals)
     columns = ["method", "steps", "median step (s)", "tokens/s", "peak RSS (MB)", "final loss", "speedup",
                "eval loss", f"eval {headline}"]
+    roofline = any("achieved_gflops" in m for m in methods)
+    if roofline:
+        columns.insert(4, "GFLOP/s (of limit)")
     rows = []
     for m, e in zip(methods, evals):
         spread = m.get("std", {})
         eval_spread = spread.get("eval") or {}
         rows.append([m["name"], f"{m['steps']:g}", f"{m['median_step_time_s']:.3f}", f"{m['tokens_per_s']:.0f}",
+                     *([_roofline(m)] if roofline else []),
                      f"{m['peak_mem_mb']:.0f}", _pm(m["final_loss"], spread.get("final_loss"), "{:.4f}"),
                      f"{m['speedup']:.2f}x", _pm(e.get("loss"), eval_spread.get("loss"), "{:.4f}"),
                      _pm(e.get(headline), eval_spread.get(headline), "{:.3f}")])

@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 
 from ..model.memory import breakdown, peak_rss_mb
+from .roofline import ModelShape, StepFlops, plan_for, probe_matmul
 
 
 def lcsb_worker(conn, recipe_dict: dict) -> None:
@@ -25,11 +26,17 @@ def lcsb_worker(conn, recipe_dict: dict) -> None:
     trainer, loaded, _ = build_trainer(recipe)
     trainer.good.take()
     loaded.model.train()
+    shape = ModelShape.of(loaded.model.config, recipe)
+    flops = StepFlops(shape, plan_for(recipe, shape.layers))
     conn.send({"setup_mem_mb": peak_rss_mb()})
     while True:
         command, arg = conn.recv()
         if command == "step":
-            conn.send(trainer.step(arg))
+            row = trainer.step(arg)
+            batches = [trainer.batches.batch(arg * trainer.grad_accum + i) for i in range(trainer.grad_accum)]
+            conn.send({**row, "model_flops": flops.step(batches)})
+        elif command == "roofline":  # in this process, at its thread count, at the first batch's token count
+            conn.send(probe_matmul(shape, trainer.batches.batch(0)["input_ids"].numel()))
         elif command == "eval":
             conn.send(_evaluate(loaded.model, loaded.tokenizer, recipe))
             loaded.model.train()
@@ -55,13 +62,15 @@ def hf_trainer_worker(conn, recipe_dict: dict, bf16: bool, total: int) -> None:
     from ..data import build_train_batches
     from ..data.batching import collate
     from ..model.load import load_model
-    from ..recipe import recipe_from_dict
+    from ..recipe import recipe_from_dict, replace_key
 
     recipe = recipe_from_dict(recipe_dict)
     torch.manual_seed(recipe.train.seed)
     loaded = load_model(recipe, torch.device("cpu"))
     stream = build_train_batches(recipe, loaded.tokenizer)
     order = [i for step in range(total) for i in stream.indices(step)]  # the same examples, step for step
+    shape = ModelShape.of(loaded.model.config, recipe)  # the LM head runs on every position in HF's loss
+    flops = StepFlops(shape, plan_for(replace_key(recipe, "method", "full-backprop"), shape.layers), full_logits=True)
 
     class Timed(TrainerCallback):
         def on_step_begin(self, args, state, control, **kwargs):
@@ -74,10 +83,12 @@ def hf_trainer_worker(conn, recipe_dict: dict, bf16: bool, total: int) -> None:
         def on_log(self, args, state, control, logs=None, **kwargs):
             if logs and "loss" in logs:
                 step = state.global_step
-                tokens = sum(len(stream.dataset[i]["input_ids"]) for i in order[(step - 1) * recipe.train.batch_size:
-                                                                                  step * recipe.train.batch_size])
+                rows = [stream.dataset[i] for i in order[(step - 1) * recipe.train.batch_size:
+                                                         step * recipe.train.batch_size]]
+                tokens = sum(len(row["input_ids"]) for row in rows)
                 conn.send({"step": step, "loss": logs["loss"], "step_time_s": self.elapsed, "tokens": tokens,
-                           "tokens_per_s": tokens / self.elapsed, "peak_mem_mb": peak_rss_mb()})
+                           "tokens_per_s": tokens / self.elapsed, "peak_mem_mb": peak_rss_mb(),
+                           "model_flops": flops.step([collate(rows, loaded.tokenizer.pad_token_id)])})
 
     class InOrder(Trainer):
         def _get_train_sampler(self, train_dataset=None):

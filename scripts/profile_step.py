@@ -1,0 +1,110 @@
+"""Where a training step's CPU time goes: a few steps of the engine's own Trainer (lcsb K=4, bf16 weights by
+default) under torch.profiler, each op's self time grouped into GEMMs (by shape family, with their GFLOP/s),
+attention (SDPA), elementwise / norm / activations, softmax / loss, copies / casts, other ops, and Python / other
+overhead: the step time minus the time inside profiled ops.
+
+    python scripts/profile_step.py recipes/bench-smollm2.yaml --steps 2 --warmup 1 train.batch_size=8
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import statistics
+from collections import defaultdict
+
+from torch.profiler import ProfilerActivity, profile
+
+from lcsb_cli.recipe import load_recipe
+from lcsb_cli.run.engine import build_trainer
+
+DEFAULTS = ["method=lcsb", "lcsb.blocks=4", "lcsb.upper_path=identity", "model.dtype=bfloat16"]
+GEMM = {"aten::mm", "aten::addmm", "aten::bmm"}
+GEMM_WRAPPERS = {"aten::linear", "aten::matmul"}  # their self time is dispatch; the product is the mm inside
+CATEGORIES = [  # the first pattern an op's name matches names its group
+    ("attention (sdpa)", r"scaled_dot_product|flash_attention|_efficient_attention"),
+    ("softmax / loss", r"softmax|logsumexp|cross_entropy|nll_loss|ChunkedHeadCrossEntropy"),
+    ("copies / casts", r"aten::(copy_|to|_to_copy|contiguous|clone)$"),
+    ("elementwise / norm / activations", (r"aten::(add|sub|mul|div|neg|pow|rsqrt|sqrt|mean|sum|silu|sigmoid|exp|log|"
+                                          r"where|cat|masked_fill|fill|zero|addcmul|addcdiv|lerp|clamp|eq|ne|lt|gt|"
+                                          r"ge|le|linalg_vector_norm|_foreach_\w+|\w+_backward)_?$")),
+]
+
+
+def family(shapes: list[list[int]], model) -> str:
+    """A GEMM's shape family from its operands' dimensions: LoRA (rank r), MLP, k/v, q/o, or the LM head."""
+    config, rank = model.config, model.peft_config["default"].r
+    dims = {d for shape in shapes for d in shape}
+    kv = config.num_key_value_heads * (getattr(config, "head_dim", None) or
+                                       config.hidden_size // config.num_attention_heads)
+    if rank in dims:
+        return f"LoRA (r={rank})"
+    if config.intermediate_size in dims:
+        return f"MLP gate/up/down ({config.hidden_size}x{config.intermediate_size})"
+    if kv in dims and kv != config.hidden_size:
+        return f"k/v ({config.hidden_size}x{kv})"
+    if len(dims) > 2:  # targets x hidden x slice rows; the q/o products have only tokens and hidden
+        return "LM head (vocabulary slices)"
+    return f"q/o ({config.hidden_size}x{config.hidden_size})"
+
+
+def in_backward(event) -> bool:
+    """Whether a profiled op ran inside the autograd engine (its backward), from its parent chain."""
+    while event is not None:
+        if event.name.startswith("autograd::engine::evaluate_function"):
+            return True
+        event = event.cpu_parent
+    return False
+
+
+def category(name: str) -> str:
+    return next((label for label, pattern in CATEGORIES if re.search(pattern, name)), "other ops")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("recipe", nargs="?", default="recipes/bench-smollm2.yaml")
+    parser.add_argument("overrides", nargs="*", help="KEY=VALUE recipe overrides (after the lcsb K=4 bf16 defaults)")
+    parser.add_argument("--steps", type=int, default=2, help="profiled steps")
+    parser.add_argument("--warmup", type=int, default=1, help="steps before profiling")
+    args = parser.parse_intermixed_args()
+    recipe = load_recipe(args.recipe, [*DEFAULTS, *args.overrides])
+    trainer, loaded, _ = build_trainer(recipe)
+    trainer.good.take()
+    loaded.model.train()
+    for step in range(args.warmup):
+        trainer.step(step)
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True, with_flops=True) as prof:
+        rows = [trainer.step(step) for step in range(args.warmup, args.warmup + args.steps)]
+    step_ms = sum(row["step_time_s"] for row in rows) * 1e3 / args.steps
+    groups, gemms = defaultdict(float), defaultdict(lambda: [0.0, 0.0])
+    for event in prof.events():
+        ms = event.self_cpu_time_total / 1e3 / args.steps
+        if event.name in GEMM or event.name in GEMM_WRAPPERS:
+            pass_ = "backward" if in_backward(event) else "forward"
+            shapes = [s for s in event.input_shapes if s]
+            fam = gemms["linear / matmul dispatch" if event.name in GEMM_WRAPPERS else
+                        f"{family(shapes, loaded.model)}, {pass_}"]
+            fam[0] += ms
+            fam[1] += (event.flops or 0) / args.steps
+            groups["GEMMs"] += ms
+        else:
+            groups[category(event.name)] += ms
+    groups["Python / other overhead"] = step_ms - sum(groups.values())
+    print(f"{recipe.model.name} {recipe.method} K={recipe.lcsb.blocks} {recipe.lcsb.upper_path}, {recipe.model.dtype} "
+          f"weights, autocast {recipe.train.autocast}, batch {recipe.train.batch_size}; {args.steps} profiled steps, "
+          f"median {statistics.median(r['step_time_s'] for r in rows):.2f} s; blocks "
+          f"{[r['active_block'] for r in rows]}; tokens {[r['tokens'] for r in rows]}")
+    print(f"{'group':<48}{'ms/step':>10}{'share':>8}{'GFLOP/s':>10}")
+    for label, ms in sorted(groups.items(), key=lambda kv: -kv[1]):
+        print(f"{label:<48}{ms:>10.1f}{ms / step_ms:>8.1%}")
+        if label == "GEMMs":
+            for name, (fam_ms, flops) in sorted(gemms.items(), key=lambda kv: -kv[1][0]):
+                rate = f"{flops / fam_ms / 1e6:>10.1f}" if fam_ms and flops else ""
+                print(f"  {name:<46}{fam_ms:>10.1f}{fam_ms / step_ms:>8.1%}{rate}")
+    print(f"{'step':<48}{step_ms:>10.1f}")
+    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25))
+
+
+if __name__ == "__main__":
+    main()
