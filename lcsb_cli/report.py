@@ -112,8 +112,8 @@ class UserLine:
 
 
 class Phases:
-    """Progress of `lcsb eval` and `lcsb bench`: a spinner on a terminal, and without one only the plain lines,
-    one when each evaluation pass ends (with its rate) and one per bench step."""
+    """Progress of `lcsb eval` and `lcsb bench`: on a terminal a bar per evaluation pass with items done and items per
+    second; always a plain line when each pass ends (with its rate) and one per bench step."""
 
     def __init__(self, console: Console):
         self.console = console
@@ -121,9 +121,12 @@ class Phases:
     @contextlib.contextmanager
     def __call__(self, what: str, n: int):
         start = time.perf_counter()
-        status = self.console.status(f"{what}: {n} items") if self.console.is_terminal else contextlib.nullcontext()
-        with status:
-            yield
+        if self.console.is_terminal:
+            with Progress(TextColumn(what), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[rate]}"),
+                          TimeRemainingColumn(), console=self.console, transient=True) as progress:
+                yield _advancer(progress, progress.add_task(what, total=n, rate=""), start)
+        else:
+            yield lambda done: None
         seconds = time.perf_counter() - start
         self._line(f"{what}: {n} items in {seconds:.1f} s ({n / max(seconds, 1e-9):.2f}/s)")
 
@@ -136,6 +139,18 @@ class Phases:
 
     def _line(self, text: str) -> None:
         self.console.print(text, highlight=False, soft_wrap=True)
+
+
+def _advancer(progress: Progress, task, start: float):
+    """`advance(k)` for one pass's bar: k more items done, and the items per second since the pass began."""
+    done = 0
+
+    def advance(k: int) -> None:
+        nonlocal done
+        done += k
+        progress.update(task, advance=k, rate=f"{done / max(time.perf_counter() - start, 1e-9):.2f}/s")
+
+    return advance
 
 
 def what_it_bought(before: dict, after: dict) -> str:

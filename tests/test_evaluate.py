@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from helpers import LAMP2, REPO, run_train
 
-from lcsb_cli.data import users
+from lcsb_cli.data import load_task, users
 from lcsb_cli.data.lamp2 import (
     TAGS,
     LampQuestion,
@@ -242,3 +242,32 @@ def test_cli_eval_without_a_terminal_prints_each_pass_with_its_rate(tmp_path):
     lines = proc.stderr.splitlines()
     assert [line.split(":")[0] for line in lines] == ["held-out loss", "score mode"]
     assert all(re.fullmatch(r"[a-z -]+: 90 items in [0-9.]+ s \([0-9.]+/s\)", line) for line in lines), lines
+
+
+def test_every_pass_reports_its_progress_up_to_its_item_count(tiny_model):
+    import io
+
+    from rich.console import Console
+
+    from lcsb_cli.evaluate import evaluate_items
+    from lcsb_cli.report import Phases
+
+    recipe, loaded = tiny_model
+    questions = load_task(recipe, loaded.tokenizer).need_held_out()[:10]  # batch 8: two batches a pass
+    told: dict[str, list[int]] = {}
+
+    @contextlib.contextmanager
+    def recording(what, n):
+        told[what] = [n]
+        yield told[what].append
+
+    evaluate_items(loaded.model, loaded.tokenizer, questions, recipe, TAGS, recording)
+    assert told == {"held-out loss": [10, 8, 2], "score mode": [10, 8, 2]}
+
+    screen = io.StringIO()
+    phases = Phases(Console(file=screen, force_terminal=True, width=100))
+    with phases("score mode", 10) as advance:
+        advance(8)
+        advance(2)
+    assert "10/10" in screen.getvalue() and "/s" in screen.getvalue()
+    assert "score mode: 10 items in" in screen.getvalue().rstrip().splitlines()[-1]  # the bar gone, the line stays

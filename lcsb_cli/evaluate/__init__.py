@@ -16,26 +16,28 @@ SUMMARY_KEYS = ("n", "loss", "perplexity", "accuracy", "macro_f1", "majority_acc
                 "rouge1", "rougeL")
 
 
+@contextlib.contextmanager
 def silent(what: str, n: int):
-    """The default `phase`: evaluation phases are not shown."""
-    return contextlib.nullcontext()
+    """The default `phase`: evaluation passes are not shown, and their progress goes nowhere."""
+    yield lambda done: None
 
 
 def evaluate_items(model, tokenizer, items: Sequence, recipe: Recipe, labels: Sequence[str] | None = None,
                    phase=silent):
     """(predictions or None, metrics) of held-out items: LaMP questions or token rows of `recipe`'s format.
-    `phase(what, n)` is a context manager around each pass (the CLI's progress display)."""
+    `phase(what, n)` is a context manager around each pass that yields `advance(k)`, told as each k items are done
+    (the CLI's progress display)."""
     rows = token_rows(recipe, tokenizer, list(items))
-    with phase("held-out loss", len(rows)):
-        metrics = held_out_loss(model, rows, tokenizer.pad_token_id, recipe.eval.batch_size)
+    with phase("held-out loss", len(rows)) as advance:
+        metrics = held_out_loss(model, rows, tokenizer.pad_token_id, recipe.eval.batch_size, advance)
     if recipe.data.format in ("lamp2", "jsonl"):
-        with phase(f"{recipe.eval.mode} mode", len(items)):
-            preds = predict(model, tokenizer, items, recipe)
+        with phase(f"{recipe.eval.mode} mode", len(items)) as advance:
+            preds = predict(model, tokenizer, items, recipe, advance)
         return preds, {**lamp2_metrics([q.output for q in items], preds, labels), **metrics}
     if recipe.data.format in ("completion", "chat"):
-        with phase("generation", len(rows)):
+        with phase("generation", len(rows)) as advance:
             preds = generate_answers(model, tokenizer, rows, recipe.eval.max_new_tokens, recipe.eval.batch_size,
-                                     recipe.eval.stop)
+                                     recipe.eval.stop, advance)
         return preds, {**text_metrics([row["reference"] for row in rows], preds), **metrics}
     return None, {"n": len(rows), **metrics}
 
@@ -112,8 +114,9 @@ def _per_user_eval(loaded, recipe: Recipe, run_dir: Path | None, phase=silent):
     for user_id, user_questions in users(recipe).items():
         if run_dir is not None:
             _load_user_adapter(loaded.model, run_dir / "adapters" / user_id)
-        with phase(user_id, len(user_questions)):
+        with phase(user_id, len(user_questions)) as advance:
             user_preds, metrics = evaluate_items(loaded.model, loaded.tokenizer, user_questions, recipe, TAGS)
+            advance(len(user_questions))
         majority = majority_accuracy([q.output for q in user_profile_questions(user_questions)],
                                      [q.output for q in user_questions])
         per_user[user_id] = {**summary_row(metrics), "majority_accuracy": majority,

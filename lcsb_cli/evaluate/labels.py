@@ -48,7 +48,9 @@ def majority_accuracy(train_golds: Sequence[str], eval_golds: Sequence[str]) -> 
     return sum(g == majority for g in eval_golds) / len(eval_golds)
 
 
-def predict(model, tokenizer, questions: Sequence[LampQuestion], recipe: Recipe) -> list[str]:
+def predict(model, tokenizer, questions: Sequence[LampQuestion], recipe: Recipe,
+            advance=lambda done: None) -> list[str]:
+    """Each question's tag (score or generate mode), eval.batch_size questions a pass; `advance(k)` after each."""
     predictor = score_tags if recipe.eval.mode == "score" else generate_tags
     device = next(model.parameters()).device
     preds: list[str] = []
@@ -57,6 +59,7 @@ def predict(model, tokenizer, questions: Sequence[LampQuestion], recipe: Recipe)
             chunk = questions[start:start + recipe.eval.batch_size]
             prompts = [prompt_ids(tokenizer, q, recipe) for q in chunk]
             preds += predictor(model, tokenizer, chunk, prompts, recipe, device)
+            advance(len(chunk))
     return preds
 
 
