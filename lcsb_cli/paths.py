@@ -2,9 +2,15 @@
 tokenizer, device profiles): package data under lcsb_cli/shipped/, so an installed wheel has them as a checkout
 does (the checkout's recipes/ and configs/ link there)."""
 
+import os
 from importlib.resources import files
 from pathlib import Path
 
 SHIPPED = Path(str(files("lcsb_cli") / "shipped"))
 RECIPES_DIR = SHIPPED / "recipes"
 CONFIGS_DIR = SHIPPED / "configs"
+
+
+def cache_root() -> Path:
+    """Where converted models and compiled NPU graphs are kept: $LCSB_CACHE, else ~/.cache/lcsb."""
+    return Path(os.environ.get("LCSB_CACHE", Path.home() / ".cache" / "lcsb"))

@@ -45,12 +45,14 @@ class LcsbConfig:
 class NpuSimConfig:
     device: str = "snapdragon-8gen3"  # a profile in configs/devices/ or a path to a profile YAML
     weights: str = "int8"  # the NPU's resident weight format: fp16 | int8 (per channel) | int4 (groups of 32)
-    precision: str = "auto"  # auto: fp32 for layers whose fp16 input gradient is off (calibrated) | fp16 | fp32
+    precision: str = "auto"  # auto: per layer by calibrated input-gradient error (npu-sim: fp16, else fp32;
+    # npu-htp: the first of w8a8, w8a16, fp16 within the threshold, else fp32) | fp16 | fp32 | w8a16 | w8a8
     row_protection: bool = True  # per-row power-of-two scaling around every FP16 cast
     overlap: bool = True  # NPU products on a worker thread while the CPU computes the adapters
     calibration_steps: int = 4  # precision=auto: steps measuring each layer's fp16 input-gradient error (>= K
     # covers every block); a layer that got no input gradient in them stays fp16
-    fp32_threshold: float = 0.01  # precision=auto: relative error above which a layer moves to fp32
+    fp32_threshold: float = 0.01  # precision=auto: relative error above which a layer moves to fp32 (npu-htp: up
+    # to the next, more precise, precision)
 
 
 @dataclass
@@ -167,9 +169,9 @@ CHOICES = {
     "lcsb.schedule": SCHEDULES,
     "lcsb.upper_path": UPPER_PATHS,
     "lcsb.idle_update": IDLE_UPDATES,
-    "backend": ("cpu", "cuda", "npu-sim"),
+    "backend": ("cpu", "cuda", "npu-sim", "npu-htp"),
     "npu_sim.weights": ("fp16", "int8", "int4"),
-    "npu_sim.precision": ("auto", "fp16", "fp32"),
+    "npu_sim.precision": ("auto", "fp16", "fp32", "w8a16", "w8a8"),
     "data.format": ("lamp2", "jsonl", "text", "completion", "chat"),
     "data.on_bad_line": ("error", "skip"),
     "train.lr_scheduler": ("cosine", "linear", "constant"),
@@ -247,9 +249,7 @@ def validate(recipe: Recipe) -> None:
     for key in ("lora.alpha", "mezo.eps", "mezo.lr", "train.lr"):
         if get_key(recipe, key) <= 0:
             raise BadInput(f"{key}: {get_key(recipe, key)} must be positive")
-    if recipe.backend == "npu-sim" and (recipe.quantization, recipe.train.autocast) != ("none", "none"):
-        raise BadInput("quantization, train.autocast: npu-sim keeps its own resident weights and product precision "
-                       "(npu_sim.weights, npu_sim.precision); set quantization=none and train.autocast=none")
+    _validate_npu(recipe)
     _validate_memory(recipe)
     _validate_trackers(recipe.train.report_to)
     if not recipe.lora.targets:
@@ -262,6 +262,23 @@ def validate(recipe: Recipe) -> None:
         raise BadInput("data.eval: per-user runs (data.user) need the users' questions file")
     if recipe.overnight.window is not None:
         parse_window(recipe.overnight.window)
+
+
+def _validate_npu(recipe: Recipe) -> None:
+    import importlib.util
+
+    npu = recipe.npu_sim
+    if recipe.backend in ("npu-sim", "npu-htp") and (recipe.quantization, recipe.train.autocast) != ("none", "none"):
+        raise BadInput(f"quantization, train.autocast: {recipe.backend} keeps its own resident weights and product "
+                       "precision (npu_sim.weights, npu_sim.precision); set quantization=none and train.autocast=none")
+    if npu.precision in ("w8a16", "w8a8") and npu.weights != "int8":
+        raise BadInput(f"npu_sim.precision: {npu.precision} products read int8 weights; set npu_sim.weights=int8")
+    if recipe.backend != "npu-htp":
+        return
+    if npu.weights != "int8":
+        raise BadInput(f"npu_sim.weights: npu-htp holds int8 weights on HTP, not {npu.weights}; set npu_sim.weights=int8")
+    if importlib.util.find_spec("onnxruntime_qnn") is None or importlib.util.find_spec("onnx") is None:
+        raise BadInput("backend: npu-htp needs onnxruntime-qnn and onnx: pip install -e '.[npu]'")
 
 
 def _validate_memory(recipe: Recipe) -> None:

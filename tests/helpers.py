@@ -59,8 +59,8 @@ class Quiet:
         pass
 
 
-def run_train(run_dir: Path, *overrides: str, resume: bool = False, force: bool = False) -> dict:
-    recipe = load_recipe(LAMP2, ["train.log_every=1", *overrides])
+def run_train(run_dir: Path, *overrides: str, resume: bool = False, force: bool = False, recipe: Path = LAMP2) -> dict:
+    recipe = load_recipe(recipe, ["train.log_every=1", *overrides])
     run = train_per_user if recipe.data.user == "all" else train
     return run(recipe, run_dir, Quiet(), resume=resume, force=force)
 

@@ -19,6 +19,7 @@ from lcsb_cli.evaluate import run_eval
 from lcsb_cli.model import gguf_in, gguf_out
 from lcsb_cli.model import load as models
 from lcsb_cli.model.export import export_run
+from lcsb_cli.paths import cache_root
 from lcsb_cli.recipe import load_recipe
 
 pytestmark = pytest.mark.xdist_group("gguf")  # the module's exports are made once, in one worker
@@ -88,9 +89,9 @@ def test_a_gguf_file_is_a_model_name(exported, tmp_path):
     names the file, not the cache path."""
     gguf_file = exported["f16"]
     run_train(tmp_path / "a", f"model.name={gguf_file}", "train.max_steps=2")
-    entries = sorted((models.cache_root() / "gguf").glob("tiny-f16-*"))
+    entries = sorted((cache_root() / "gguf").glob("tiny-f16-*"))
     run_train(tmp_path / "b", f"model.name={gguf_file}", "train.max_steps=2")
-    assert sorted((models.cache_root() / "gguf").glob("tiny-f16-*")) == entries and len(entries) == 1
+    assert sorted((cache_root() / "gguf").glob("tiny-f16-*")) == entries and len(entries) == 1
     source = gguf_in.provenance(entries[0])
     assert (source["architecture"], source["gguf_file_type"]) == ("qwen2", "MOSTLY_F16")
     assert source["sha256"] == gguf_in.file_sha256(gguf_file) and source["tensor_types"]["F16"] > 0

@@ -84,7 +84,7 @@ def test_calibration_moves_layers_whose_fp16_gradient_is_off_to_fp32():
     safe, tiny = npu.load("safe", _weight(seed=1)), npu.load("tiny", _weight(seed=2))
     npu.input_grad(torch.randn(4, 96) * 1e-2, safe)
     npu.input_grad(torch.randn(4, 96) * 1e-8, tiny)
-    assert npu.calibration.sensitive(0.01) == ["tiny"]
+    assert npu.calibration.choose(0.01) == {"safe": "fp16", "tiny": "fp32"}
     tiny.precision = "fp32"
     grad = torch.randn(4, 96) * 1e-8
     assert _rel(npu.input_grad(grad, tiny), grad @ dequantize(tiny, slice(None), torch.float32)) < 1e-6

@@ -205,7 +205,7 @@ def test_subprocess_bad_input_stderr_exact():
                            "lcsb.blocks?\n")  # the typo is on the command line, not in the file
     proc = run_lcsb("validate", "recipes/lamp2.yaml", "backend=tpu")
     assert proc.returncode == 2
-    assert proc.stderr == "error: backend: 'tpu' is not one of cpu, cuda, npu-sim\n"
+    assert proc.stderr == "error: backend: 'tpu' is not one of cpu, cuda, npu-sim, npu-htp\n"
 
 
 def test_version_and_short_help_with_examples_and_flags_shown_as_flags():

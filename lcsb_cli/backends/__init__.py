@@ -8,13 +8,18 @@ from .cuda import CudaBackend
 
 
 def get_backend(name: str, npu_sim=None) -> Backend:
-    """The backend named `name` (the recipe's `backend`); npu-sim is configured by the recipe's npu_sim section."""
+    """The backend named `name` (the recipe's `backend`); npu-sim and npu-htp are configured by the recipe's
+    npu_sim section."""
     if name == "cuda":
         return CudaBackend()
     if name == "npu-sim":
         from .npu_sim import NpuSimBackend
 
         return NpuSimBackend(npu_sim)
+    if name == "npu-htp":
+        from .npu_htp import NpuHtpBackend
+
+        return NpuHtpBackend(npu_sim)
     return CpuBackend()
 
 

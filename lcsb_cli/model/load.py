@@ -6,7 +6,6 @@ import contextlib
 import hashlib
 import importlib.util
 import json
-import os
 import shutil
 import warnings
 from dataclasses import dataclass
@@ -18,7 +17,7 @@ from torch import nn
 
 from .. import atomic
 from ..errors import BadInput
-from ..paths import CONFIGS_DIR
+from ..paths import CONFIGS_DIR, cache_root
 from ..recipe import Recipe
 from . import gguf_in, memory, streamed
 
@@ -41,10 +40,6 @@ class LoadedModel:
 
 def preset_names() -> list[str]:
     return sorted(p.stem for p in PRESET_DIR.glob("*.yaml"))
-
-
-def cache_root() -> Path:
-    return Path(os.environ.get("LCSB_CACHE", Path.home() / ".cache" / "lcsb"))
 
 
 def resolve_base_dir(name: str, dtype: str = "float32") -> Path:

@@ -20,15 +20,26 @@ from .linear import install
 class NpuSimBackend(CpuBackend):
     name = "npu-sim"
     idle_poll_s = 10.0  # simulated seconds of idle cooling per reading
+    calibrating_precision = "fp16"  # precision=auto: every layer's precision until calibration chooses
 
     def __init__(self, config):
         self.config = config
         self.profile = load_profile(config.device)
         self.device_model = DeviceModel(self.profile, config.overlap)
-        self.executor = NpuExecutor(config.weights, config.row_protection, config.overlap)
+        self.executor = self.make_executor()
         self.trainable = 0
-        self.fp32_layers: list[str] = []
+        self.precisions: dict[str, str] = {}  # layer name -> product precision
         self._step = 0
+
+    def make_executor(self) -> NpuExecutor:
+        return NpuExecutor(self.config.weights, self.config.row_protection, self.config.overlap)
+
+    def new_calibration(self) -> Calibration:
+        return Calibration()
+
+    @property
+    def fp32_layers(self) -> list[str]:
+        return [name for name, precision in self.precisions.items() if precision == "fp32"]
 
     def temperature(self) -> float:
         return self.device_model.temp_c
@@ -41,8 +52,8 @@ class NpuSimBackend(CpuBackend):
 
     def prepare(self, loaded) -> None:
         install(loaded.layers, self.executor, self.device_model)
-        if self.config.precision == "fp32":
-            self._set_fp32([r.name for r in self.executor.residents])
+        start = self.calibrating_precision if self.config.precision == "auto" else self.config.precision
+        self._set_precisions({r.name: start for r in self.executor.residents})
         for layer in loaded.layers:
             if hasattr(layer, "self_attn"):
                 _bill_attention(layer.self_attn, self.device_model)
@@ -59,7 +70,7 @@ class NpuSimBackend(CpuBackend):
         self.device_model.begin_step()
         calibrating = self.config.precision == "auto" and step < self.config.calibration_steps
         if calibrating and self.executor.calibration is None:
-            self.executor.calibration = Calibration()
+            self.executor.calibration = self.new_calibration()
 
     def end_step(self) -> tuple[dict, list[dict]]:
         n = self.trainable  # AdamW: ~10 flops a parameter; reads p, g, m, v and writes p, m, v in fp32
@@ -69,32 +80,32 @@ class NpuSimBackend(CpuBackend):
         events = [{"step": step, "event": e, "sim_temp_c": metrics["sim_temp_c"]} for e in thermal]
         calibration = self.executor.calibration
         if calibration is not None and step >= self.config.calibration_steps:
-            self._set_fp32(calibration.sensitive(self.config.fp32_threshold))
+            self._set_precisions(self.precisions | calibration.choose(self.config.fp32_threshold))
             events.append({"step": step, "event": "precision", "fp32_layers": self.fp32_layers,
-                           "max_relative_error": max(calibration.relative_error.values(), default=0.0),
-                           "max_underflow": max(calibration.underflow.values(), default=0.0)})
+                           **calibration.summary()})
             self.executor.calibration = None
         return {**metrics, "npu_protected_rows": self.executor.protected_rows}, events
 
-    def _set_fp32(self, names: list[str]) -> None:
-        self.fp32_layers = sorted(names)
+    def _set_precisions(self, precisions: dict[str, str]) -> None:
+        self.precisions = dict(sorted(precisions.items()))
         for resident in self.executor.residents:
-            resident.precision = "fp32" if resident.name in names else "fp16"
+            resident.precision = self.precisions[resident.name]
 
     def resident_bytes(self) -> int:
         return self.executor.resident_bytes()
 
     def state_dict(self) -> dict:
         calibration = self.executor.calibration
-        return {"device": self.device_model.state_dict(), "fp32_layers": self.fp32_layers,
+        return {"device": self.device_model.state_dict(), "precisions": self.precisions,
                 "protected_rows": self.executor.protected_rows,
                 "calibration": None if calibration is None else vars(calibration)}
 
     def load_state_dict(self, state: dict) -> None:
         self.device_model.load_state_dict(state["device"])
-        self._set_fp32(state["fp32_layers"])
+        self._set_precisions(state["precisions"])
         self.executor.protected_rows = state["protected_rows"]
-        self.executor.calibration = None if state["calibration"] is None else Calibration(**state["calibration"])
+        calibration = state["calibration"]
+        self.executor.calibration = None if calibration is None else type(self.new_calibration())(**calibration)
 
 
 def _bill_attention(attention: nn.Module, device: DeviceModel) -> None:

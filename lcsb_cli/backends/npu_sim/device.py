@@ -41,6 +41,8 @@ class DeviceProfile:
     throttle_c: float
     throttle_clock: float  # NPU clock factor while throttled
     hysteresis_c: float
+    htp_arch: float  # npu-htp: the Hexagon architecture QNN compiles for (e.g. 75)
+    soc_model: float  # npu-htp: QNN's id of the SoC (its fp16 kernels need it)
 
 
 def device_names() -> list[str]:

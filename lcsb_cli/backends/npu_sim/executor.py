@@ -10,7 +10,8 @@ accumulators) and the output is written in FP16. With row protection, every row 
 that brings its maximum to [0.5, 1) before each FP16 cast and unscaled after: exact for rows that were safe,
 and it keeps tiny rows (input gradients are often 1e-6 and below) from flushing to zero and large rows from
 overflowing. Layers calibrated as sensitive run their products in fp32 instead (on the CPU lane of the
-device model: phone NPUs offer no fp32 matmul).
+device model: phone NPUs offer no fp32 matmul). With int8 weights, `w8a16` and `w8a8` reproduce npu-htp's
+quantized HTP graphs instead (qdq.py).
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import torch
+
+from .. import qdq
 
 WEIGHT_FORMATS = ("fp16", "int8", "int4")
 INT4_GROUP = 32
@@ -35,7 +38,7 @@ class Resident:
     fmt: str
     codes: torch.Tensor  # fp16 [out, in] | int8 [out, in] | uint8 [out, in // 2] (two int4 codes a byte)
     scales: torch.Tensor | None  # fp16 [out, 1] (int8, per channel) | [out, in // group] (int4)
-    precision: str = "fp16"  # the product precision chosen for this layer: fp16 | fp32
+    precision: str = "fp16"  # the product precision chosen for this layer: fp16 | fp32 | w8a16 | w8a8 (int8)
 
     @property
     def nbytes(self) -> int:
@@ -93,6 +96,14 @@ def from_fp16(values: torch.Tensor, exponents: torch.Tensor | None) -> torch.Ten
     return values.float() if exponents is None else torch.ldexp(values.float(), exponents)
 
 
+def product_error(approx: torch.Tensor, exact: torch.Tensor) -> tuple[float, float]:
+    """(relative error in norm, share of the exact product's nonzeros that came out zero)."""
+    norm = exact.norm().item()
+    nonzero = exact != 0
+    lost = ((approx == 0) & nonzero).sum().item() / max(nonzero.sum().item(), 1)
+    return ((approx - exact).norm().item() / norm if norm > 0 else 0.0), lost
+
+
 @dataclass
 class Calibration:
     """Worst fp16 input-gradient error seen per layer against an fp32 product of the same tiles."""
@@ -101,16 +112,18 @@ class Calibration:
     underflow: dict[str, float] = field(default_factory=dict)
 
     def record(self, name: str, approx: torch.Tensor, exact: torch.Tensor) -> None:
-        norm = exact.norm().item()
-        error = (approx - exact).norm().item() / norm if norm > 0 else 0.0
-        nonzero = exact != 0
-        lost = ((approx == 0) & nonzero).sum().item() / max(nonzero.sum().item(), 1)
+        error, lost = product_error(approx, exact)
         self.relative_error[name] = max(self.relative_error.get(name, 0.0), error)
         self.underflow[name] = max(self.underflow.get(name, 0.0), lost)
 
-    def sensitive(self, threshold: float) -> list[str]:
-        return sorted(name for name, error in self.relative_error.items()
-                      if error > threshold or self.underflow[name] > threshold)
+    def choose(self, threshold: float) -> dict[str, str]:
+        """Each calibrated layer's product precision: fp32 where fp16's error or underflow passes `threshold`."""
+        return {name: "fp32" if error > threshold or self.underflow[name] > threshold else "fp16"
+                for name, error in self.relative_error.items()}
+
+    def summary(self) -> dict:
+        return {"max_relative_error": max(self.relative_error.values(), default=0.0),
+                "max_underflow": max(self.underflow.values(), default=0.0)}
 
 
 class NpuExecutor:
@@ -154,6 +167,11 @@ class NpuExecutor:
     def _product(self, a: torch.Tensor, res: Resident, contract_rows: bool, precision: str | None = None):
         precision = precision or res.precision
         rows = a.reshape(-1, a.shape[-1])
+        if precision in qdq.ACT_LEVELS:
+            scaled, exponents = qdq.npu_rows(rows, res.scales, contract_rows)
+            out = qdq.cpu_result(qdq.emulate(scaled, res.codes, precision, contract_rows), exponents, res.scales,
+                                 contract_rows)
+            return out.reshape(*a.shape[:-1], out.shape[-1]).to(a.dtype)
         out_features, in_features = res.shape
         if precision == "fp32":
             values, in_exp = rows.float(), None

@@ -53,7 +53,7 @@ class _NpuLinear(torch.autograd.Function):
         if adapter is not None:
             out = out + adapter
         rows = x.numel() // x.shape[-1]
-        site.bill(rows, site.resident.precision == "fp16", 0.0 if a is None else 2.0 * rows * a.shape[0] * (
+        site.bill(rows, site.resident.precision != "fp32", 0.0 if a is None else 2.0 * rows * a.shape[0] * (
             a.shape[1] + b.shape[0]))
         ctx.site, ctx.scaling = site, scaling
         ctx.save_for_backward(lora_x, a, b, hidden)
@@ -80,7 +80,7 @@ class _NpuLinear(torch.autograd.Function):
             adapter_flops = 2.0 * rows * a.shape[0] * (b.shape[0] * (1 + need_b) + a.shape[1] * (need_a + need_lora_x))
         grad_x = job.result() if job is not None else None
         if need_x:
-            site.bill(rows, site.resident.precision == "fp16", adapter_flops)
+            site.bill(rows, site.resident.precision != "fp32", adapter_flops)
         else:
             site.device.record(cpu_s=site.device.cpu_seconds(adapter_flops))
         return grad_x, grad_lora_x, grad_a, grad_b, None, None
@@ -133,8 +133,8 @@ def install(layers: nn.ModuleList, executor: NpuExecutor, device: DeviceModel) -
 
 def _check_plain_lora(name: str, module) -> None:
     if list(module.lora_A) != ["default"] or getattr(module, "use_dora", {}).get("default", False):
-        raise BadInput(f"backend npu-sim: {name} is not a plain single-adapter LoRA linear (DoRA, several "
+        raise BadInput(f"backend npu-sim / npu-htp: {name} is not a plain single-adapter LoRA linear (DoRA, several "
                        "adapters); use backend=cpu")
     if type(module.base_layer) is not nn.Linear:
-        raise BadInput(f"backend npu-sim: {name} wraps a {type(module.base_layer).__name__}; npu-sim needs "
-                       "plain linear base layers (quantization=none)")
+        raise BadInput(f"backend npu-sim / npu-htp: {name} wraps a {type(module.base_layer).__name__}; the NPU backends "
+                       "need plain linear base layers (quantization=none)")
