@@ -123,6 +123,8 @@ def test_training_on_npu_htp_tracks_cpu_and_a_failing_layer_falls_back_with_an_e
     (choice,) = [r for r in rows if r.get("event") == "precision"]
     assert "1.self_attn.o_proj" in choice["fp32_layers"] and choice["precisions"]["w8a16"] > 0
     assert set(choice["max_relative_error"]) == {"w8a8", "w8a16", "fp16"}
+    calibrated = [name for names in choice["calibrated"].values() for name in names]
+    assert len(calibrated) == 4 * 4 - 1  # o, gate, up, down of each one-layer block, less the fallen o_proj
     assert choice["max_relative_error"]["w8a16"] < choice["max_relative_error"]["w8a8"]
 
 

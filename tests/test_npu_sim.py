@@ -206,6 +206,7 @@ def test_precision_threshold_zero_moves_every_layer_to_fp32(tmp_path):
     # one cycle of K=4 one-layer blocks: each active layer's input gradients pass o, gate, up and down; q, k and v
     # need none (the layer's input comes from the no-grad layers below)
     assert choice["step"] == 4 and len(choice["fp32_layers"]) == 4 * 4
+    assert choice["calibrated"] == {"fp32": choice["fp32_layers"]}  # the calibrated layers, by what they need
 
 
 def test_npu_sim_resume_is_exact_including_the_device_state(tmp_path):

@@ -80,9 +80,11 @@ class NpuSimBackend(CpuBackend):
         events = [{"step": step, "event": e, "sim_temp_c": metrics["sim_temp_c"]} for e in thermal]
         calibration = self.executor.calibration
         if calibration is not None and step >= self.config.calibration_steps:
-            self._set_precisions(self.precisions | calibration.choose(self.config.fp32_threshold))
+            chosen = calibration.choose(self.config.fp32_threshold)
+            self._set_precisions(self.precisions | chosen)
+            calibrated = {p: sorted(n for n in chosen if chosen[n] == p) for p in sorted(set(chosen.values()))}
             events.append({"step": step, "event": "precision", "fp32_layers": self.fp32_layers,
-                           **calibration.summary()})
+                           "calibrated": calibrated, **calibration.summary()})
             self.executor.calibration = None
         return {**metrics, "npu_protected_rows": self.executor.protected_rows}, events
 
