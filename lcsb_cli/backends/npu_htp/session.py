@@ -29,6 +29,7 @@ class HtpError(RuntimeError):
 
 @functools.cache
 def qnn_devices() -> list:
+    ort.set_default_logger_severity(3)  # errors only: the provider's start-up warnings are about other platforms
     ort.register_execution_provider_library("QNNExecutionProvider", onnxruntime_qnn.get_library_path())
     devices = [d for d in ort.get_ep_devices() if d.ep_name == "QNNExecutionProvider"]
     if not devices:
@@ -66,7 +67,6 @@ class HtpGraph:
         versions = {"ort": ort.__version__, "qnn": onnxruntime_qnn.__version__, "provider": provider}
         key = hashlib.sha256(self.model_bytes + json.dumps(versions, sort_keys=True).encode()).hexdigest()[:32]
         self.context_path = cache_root() / "htp" / f"{key}_ctx.onnx"
-        self.compiled_now = False
         self.session = self._open()
 
     def _open(self) -> ort.InferenceSession:
@@ -92,7 +92,6 @@ class HtpGraph:
         finally:
             if os.path.exists(tmp):
                 os.unlink(tmp)
-        self.compiled_now = True
         return session
 
     def run(self, rows: np.ndarray) -> np.ndarray:
