@@ -11,7 +11,7 @@ pytest.importorskip("onnxruntime_qnn", reason="the npu extra: pip install -e '.[
 
 from lcsb_cli.backends import qdq  # noqa: E402
 from lcsb_cli.backends.npu_htp import session as htp_session  # noqa: E402
-from lcsb_cli.backends.npu_htp.executor import HtpExecutor  # noqa: E402
+from lcsb_cli.backends.npu_htp.executor import HtpExecutor, ModeCalibration  # noqa: E402
 from lcsb_cli.backends.npu_htp.graphs import product_graph  # noqa: E402
 from lcsb_cli.backends.npu_sim.executor import NpuExecutor, dequantize  # noqa: E402
 
@@ -102,6 +102,10 @@ def test_a_failed_run_is_retried_once_then_the_layer_falls_back_to_the_cpu_lane(
     out = executor.forward(rows, resident)
     assert torch.allclose(out, rows @ dequantize(resident, slice(None), torch.float32).T, atol=1e-6)
     assert executor.take_fallbacks() == ["0.mlp.up_proj"] and resident.precision == "fp32"
+    resident.precision, executor.calibration = "w8a16", ModeCalibration()  # calibration tries three graphs a gradient
+    grad = torch.randn(10, 64)
+    assert torch.allclose(executor.input_grad(grad, resident), grad @ dequantize(resident, slice(None), torch.float32))
+    assert executor.take_fallbacks() == ["0.mlp.up_proj"]  # reported once
 
 
 def test_training_on_npu_htp_tracks_cpu_and_a_failing_layer_falls_back_with_an_event(tmp_path, monkeypatch):

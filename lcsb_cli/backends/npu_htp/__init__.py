@@ -18,15 +18,15 @@ class NpuHtpBackend(NpuSimBackend):
     name = "npu-htp"
     calibrating_precision = "w8a16"
 
+    def __init__(self, config):
+        super().__init__(config)
+        self.fallen: list[str] = []  # layers HTP failed: on the CPU lane for the rest of the run
+
     def make_executor(self) -> HtpExecutor:
         return HtpExecutor(int(self.profile.htp_arch), int(self.profile.soc_model), self.config.overlap)
 
     def new_calibration(self) -> ModeCalibration:
         return ModeCalibration()
-
-    def __init__(self, config):
-        super().__init__(config)
-        self.fallen: list[str] = []  # layers HTP failed: on the CPU lane for the rest of the run
 
     def end_step(self) -> tuple[dict, list[dict]]:
         fallen = self.executor.take_fallbacks()

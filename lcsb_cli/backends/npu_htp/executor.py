@@ -97,5 +97,6 @@ class HtpExecutor(NpuExecutor):
         return self.graphs[key]
 
     def take_fallbacks(self) -> list[str]:
-        taken, self.fallbacks = self.fallbacks, []
+        """The layers that fell back since the last call, each once (calibration tries several graphs a layer)."""
+        taken, self.fallbacks = list(dict.fromkeys(self.fallbacks)), []
         return taken
