@@ -7,7 +7,7 @@ dynamic part:
 - it folds the per-output-channel weight scales in on its side: into the output columns after a forward
   product, into the gradient's columns before an input-gradient product. The NPU then reads one set of
   unit-scale codes both ways. Per-channel scales inside the transposed graph would sit on the summed
-  dimension, which HTP accepts and computes wrongly (38-100 % error, no message).
+  dimension, which HTP accepts and computes wrongly (38-113 % error measured, no message).
 The output range is what a row in [-1, 1] can reach with the layer's codes: their summed magnitude along the
 contraction for W8A16 (nothing clips), four times their largest L2 norm for W8A8 (eight bits leave no room
 for the worst case, so large outputs clip; calibration measures what that costs).

@@ -71,17 +71,17 @@ class HtpExecutor(NpuExecutor):
         precision = precision or res.precision
         if precision == "fp32":
             return super()._product(a, res, contract_rows, "fp32")
-        scaled, exponents = qdq.npu_rows(a.reshape(-1, a.shape[-1]), res.scales, contract_rows)
         try:
-            out = torch.from_numpy(self.graph(res, precision, contract_rows).run(scaled.detach().numpy()))
+            return self._unit_scale_product(a, res, contract_rows, lambda rows: self._run(res, precision, contract_rows,
+                                                                                          rows))
         except HtpError:
             self.fallbacks.append(res.name)
             res.precision = "fp32"
             return super()._product(a, res, contract_rows, "fp32")
-        if precision == "fp16":
-            out = out * qdq.FP16_CODE_SCALE
-        out = qdq.cpu_result(out, exponents, res.scales, contract_rows)
-        return out.reshape(*a.shape[:-1], out.shape[-1]).to(a.dtype)
+
+    def _run(self, res: Resident, precision: str, contract_rows: bool, rows: torch.Tensor) -> torch.Tensor:
+        out = torch.from_numpy(self.graph(res, precision, contract_rows).run(rows.detach().numpy()))
+        return out * qdq.FP16_CODE_SCALE if precision == "fp16" else out
 
     def graph(self, res: Resident, precision: str, contract_rows: bool) -> HtpGraph:
         key = (res.name, precision, contract_rows)

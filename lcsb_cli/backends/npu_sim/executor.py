@@ -166,12 +166,10 @@ class NpuExecutor:
 
     def _product(self, a: torch.Tensor, res: Resident, contract_rows: bool, precision: str | None = None):
         precision = precision or res.precision
-        rows = a.reshape(-1, a.shape[-1])
         if precision in qdq.ACT_LEVELS:
-            scaled, exponents = qdq.npu_rows(rows, res.scales, contract_rows)
-            out = qdq.cpu_result(qdq.emulate(scaled, res.codes, precision, contract_rows), exponents, res.scales,
-                                 contract_rows)
-            return out.reshape(*a.shape[:-1], out.shape[-1]).to(a.dtype)
+            return self._unit_scale_product(a, res, contract_rows,
+                                            lambda scaled: qdq.emulate(scaled, res.codes, precision, contract_rows))
+        rows = a.reshape(-1, a.shape[-1])
         out_features, in_features = res.shape
         if precision == "fp32":
             values, in_exp = rows.float(), None
@@ -189,6 +187,14 @@ class NpuExecutor:
         if precision == "fp16":
             acc = self._write_fp16(acc, in_exp)
         return acc.reshape(*a.shape[:-1], acc.shape[-1]).to(a.dtype)
+
+    @staticmethod
+    def _unit_scale_product(a: torch.Tensor, res: Resident, contract_rows: bool, product) -> torch.Tensor:
+        """A product over unit-scale int8 codes (qdq.py): rows scaled on the CPU, `product(rows)` on the NPU, the
+        scaling undone after."""
+        scaled, exponents = qdq.npu_rows(a.reshape(-1, a.shape[-1]), res.scales, contract_rows)
+        out = qdq.cpu_result(product(scaled), exponents, res.scales, contract_rows)
+        return out.reshape(*a.shape[:-1], out.shape[-1]).to(a.dtype)
 
     def _write_fp16(self, acc: torch.Tensor, in_exp: torch.Tensor | None) -> torch.Tensor:
         values, out_exp = to_fp16(acc, self.row_protection)
