@@ -11,6 +11,9 @@ _os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 # OpenMP threads that spin between parallel regions starve bitsandbytes' CPU kernels and the Python between them
 # (the 4-bit 0.5B step took 15-49 s spinning); passive waiting sleeps instead. Read when torch loads OpenMP.
 _os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# bitsandbytes wraps its default kernels in torch.compile at import, which loads torch._inductor's compiler (41 MiB
+# of RSS, measured); lcsb compiles nothing, and with dynamo disabled those wrappers run the plain functions.
+_os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")
 # bitsandbytes' note, on every CPU run with AVX512-BF16, about an optional hub kernel we must not fetch; its other
 # warnings stay.
 _logging.getLogger("bitsandbytes.backends.cpu.ops").addFilter(
