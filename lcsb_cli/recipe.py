@@ -121,6 +121,7 @@ class DivergenceConfig:
     spike_factor: float = 4.0  # a loss above this x the running median of recent losses is a spike
     patience: int = 3  # spikes in a row that count as divergence (a non-finite loss counts at once)
     lr_backoff: float = 0.5  # rollback multiplies the learning rate by this
+    snapshot: str = "memory"  # the state a divergence returns to: memory | disk (run_dir/snapshot/) | none (stop only)
 
 
 @dataclass
@@ -179,6 +180,7 @@ CHOICES = {
     "train.optimizer": ("adamw", "adamw8bit"),
     "eval.mode": ("score", "generate"),
     "divergence.action": ("stop", "skip", "rollback"),
+    "divergence.snapshot": ("memory", "disk", "none"),
     "memory.embedding": ("keep", "nf4", "fp4"),
 }
 MINIMUMS = {
@@ -244,6 +246,9 @@ def validate(recipe: Recipe) -> None:
             raise BadInput(f"{key}: {value} is below the minimum {minimum}")
     if not 0 < recipe.divergence.lr_backoff <= 1:
         raise BadInput(f"divergence.lr_backoff: {recipe.divergence.lr_backoff} must be in (0, 1]")
+    if recipe.divergence.snapshot == "none" and recipe.divergence.action != "stop":
+        raise BadInput(f"divergence.snapshot: none keeps no state to {recipe.divergence.action} to; set "
+                       "divergence.action=stop (the last checkpoint is the state to resume from) or snapshot=disk")
     if recipe.lora.dropout >= 1:
         raise BadInput(f"lora.dropout: {recipe.lora.dropout} must be below 1")
     for key in ("lora.alpha", "mezo.eps", "mezo.lr", "train.lr"):

@@ -1,10 +1,12 @@
 """Divergence edge cases: skip drops a whole run of spiking updates, a rollback leaves the LR and block schedules
-in step with the data, and a run resumed from a checkpoint rolls back exactly as the uninterrupted run does."""
+in step with the data, a run resumed from a checkpoint rolls back exactly as the uninterrupted run does, and the
+snapshot kept in memory, on disk or not at all."""
 
 import pytest
 import torch
-from helpers import LAMP2, adapter_tensors, assert_same_tensors, run_train
+from helpers import LAMP2, adapter_tensors, assert_same_tensors, cli, run_train
 
+from lcsb_cli.errors import Diverged
 from lcsb_cli.model.losses import causal_lm_loss
 from lcsb_cli.recipe import load_recipe
 from lcsb_cli.run.engine import build_trainer
@@ -40,9 +42,11 @@ def weights(trainer) -> list[torch.Tensor]:
     return [p.detach().clone() for p in trainer.params]
 
 
-def test_skip_drops_every_update_of_the_spike_run(monkeypatch):
+@pytest.mark.parametrize("snapshot", ["memory", "disk"])
+def test_skip_drops_every_update_of_the_spike_run(monkeypatch, snapshot):
     monkeypatch.setattr(Trainer, "step", scripted({3: SPIKE, 4: SPIKE, 5: SPIKE}))
-    trainer = trainer_for("method=full-backprop", "divergence.action=skip", "divergence.patience=3")
+    trainer = trainer_for("method=full-backprop", "divergence.action=skip", "divergence.patience=3",
+                          f"divergence.snapshot={snapshot}")
     for index in range(3):
         trainer.step(index)
     before_spikes = weights(trainer)
@@ -84,3 +88,41 @@ def test_a_resumed_run_rolls_back_to_the_same_state_as_an_uninterrupted_one(tmp_
     events = [r.get("event") for r in read_metrics(tmp_path / "whole" / "metrics.jsonl")]
     assert events.count("rollback") == 1
     assert_same_tensors(adapter_tensors(tmp_path / "whole"), adapter_tensors(tmp_path / "split"))
+
+
+def test_rollback_from_the_disk_snapshot_is_bit_identical_to_memory(tmp_path, monkeypatch):
+    monkeypatch.setattr(Trainer, "step", scripted({3: SPIKE, 4: SPIKE, 5: SPIKE}))
+    common = ("method=lcsb", "lcsb.blocks=2", "train.max_steps=7", "divergence.action=rollback",
+              "divergence.patience=3", "train.optimizer=adamw8bit")  # 8-bit moments: tensors and a Python step count
+    run_train(tmp_path / "memory", *common, "divergence.snapshot=memory")
+    run_train(tmp_path / "disk", *common, "divergence.snapshot=disk")
+    rows = read_metrics(tmp_path / "disk" / "metrics.jsonl")
+    assert [r.get("event") for r in rows].count("rollback") == 1
+    written = [r["snapshot_write_mb"] for r in rows]
+    assert all(mb > 0 for mb in written[:4]) and written[4:6] == [0, 0]  # spiking steps take no snapshot
+    assert any((tmp_path / "disk" / "snapshot").iterdir())
+    assert not (tmp_path / "memory" / "snapshot").exists()
+    assert_same_tensors(adapter_tensors(tmp_path / "memory"), adapter_tensors(tmp_path / "disk"))
+
+
+def test_the_disk_snapshot_rewrites_only_the_parameters_that_moved():
+    """K=2 without idle updates: a step moves one block, so the next snapshot rewrites about half of the state."""
+    trainer = trainer_for("method=lcsb", "lcsb.blocks=2", "lcsb.idle_update=none", "divergence.snapshot=disk")
+    written = [trainer.step(index)["snapshot_write_mb"] for index in range(4)]
+    whole = sum(t.nbytes for group in trainer.good.groups for t in group.values()) / 2**20
+    assert 0.3 * whole < written[3] < 0.7 * whole
+    trainer.good.take()  # the last step's update moved one block: written
+    assert trainer.good.written_mb() > 0
+    trainer.good.take()  # nothing moved since
+    assert trainer.good.written_mb() == 0
+
+
+def test_without_a_snapshot_a_divergence_stops_and_keeps_only_the_last_checkpoint(tmp_path, monkeypatch):
+    monkeypatch.setattr(Trainer, "step", scripted({3: NAN}))
+    with pytest.raises(Diverged, match="the last good state is the last checkpoint"):
+        run_train(tmp_path / "run", "train.max_steps=6", "train.save_every=2", "divergence.action=stop",
+                  "divergence.snapshot=none")
+    assert [p.name for p in (tmp_path / "run" / "checkpoints").iterdir()] == ["step-2"]
+    assert not (tmp_path / "run" / "adapter").exists()
+    refused = cli("validate", str(LAMP2), "divergence.snapshot=none")
+    assert refused.returncode == 2 and "divergence.snapshot: none keeps no state to rollback to" in refused.stderr

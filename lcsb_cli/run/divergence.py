@@ -2,61 +2,137 @@
 
 from __future__ import annotations
 
+import hashlib
 import math
 import statistics
+import tempfile
 from collections import deque
+from pathlib import Path
 
 import torch
+from safetensors.torch import load_file, save_file
+
+from ..atomic import write_file
 
 WINDOW = 20  # good losses the spike test takes its running median over
 
 
+class MemorySnapshot:
+    """The snapshot as copies in memory, refilled in place (one fused copy) while its tensors stay the same."""
+
+    written_bytes = 0
+
+    def __init__(self):
+        self.copies: list[torch.Tensor] | None = None
+
+    def write(self, groups: list[dict[str, torch.Tensor]], fresh: bool) -> None:
+        tensors = [t for group in groups for t in group.values()]
+        if fresh or self.copies is None:
+            self.copies = None  # the old copies go before the new ones are made
+            self.copies = [t.clone() for t in tensors]
+        else:
+            torch._foreach_copy_(self.copies, tensors)
+
+    def read_into(self, groups: list[dict[str, torch.Tensor]]) -> None:
+        torch._foreach_copy_([t for group in groups for t in group.values()], self.copies)
+
+
+class DiskSnapshot:
+    """The snapshot on disk, out of RAM: one safetensors file per LoRA parameter (its weights and optimizer state),
+    each written atomically and only when its bytes changed since the last write (a digest per file), so a phone's
+    flash is spared rewriting what did not move. `written_bytes` counts what went to disk."""
+
+    def __init__(self, directory: Path):
+        self.directory = directory
+        self.digests: dict[int, bytes] = {}
+        self.written_bytes = 0
+
+    def write(self, groups: list[dict[str, torch.Tensor]], fresh: bool) -> None:
+        if fresh:
+            self.digests = {}
+        for index, group in enumerate(groups):
+            digest = _digest(group)
+            if self.digests.get(index) != digest:
+                write_file(self.directory / f"{index}.safetensors", lambda tmp, group=group: save_file(group, tmp))
+                self.digests[index] = digest
+                self.written_bytes += sum(t.nbytes for t in group.values())
+
+    def read_into(self, groups: list[dict[str, torch.Tensor]]) -> None:
+        for index, group in enumerate(groups):
+            saved = load_file(self.directory / f"{index}.safetensors")
+            for key, tensor in group.items():
+                tensor.copy_(saved[key])
+
+
+def _digest(group: dict[str, torch.Tensor]) -> bytes:
+    digest = hashlib.blake2b(digest_size=16)
+    for tensor in group.values():
+        digest.update(tensor.detach().contiguous().view(-1).view(torch.uint8).numpy())
+    return digest.digest()
+
+
+def make_snapshot(kind: str, directory: Path | None) -> MemorySnapshot | DiskSnapshot | None:
+    """divergence.snapshot: memory | disk (in `directory`, a temporary one when None) | none."""
+    if kind == "memory":
+        return MemorySnapshot()
+    if kind == "disk":
+        return DiskSnapshot(directory or Path(tempfile.mkdtemp(prefix="lcsb-snapshot-")))
+    return None
+
+
 class GoodState:
-    """The state to return to, in preallocated buffers: LoRA weights, AdamW moments and step counts (one fused
-    copy per step), plus optimizer state held as plain numbers (bitsandbytes' AdamW8bit counts its steps in a
-    Python int). The LR schedule and the method's block schedule are not part of it: they count steps with the
-    data, so after a rollback the cosine still ends at max_steps and the block order stays t mod K.
+    """The state to return to: LoRA weights, AdamW moments and step counts, plus optimizer state held as plain
+    numbers (bitsandbytes' AdamW8bit counts its steps in a Python int), kept by a snapshot (`MemorySnapshot`,
+    `DiskSnapshot`; None keeps nothing: divergence.snapshot none, whose recipe must stop on divergence). The LR
+    schedule and the method's block schedule are not part of it: they count steps with the data, so after a
+    rollback the cosine still ends at max_steps and the block order stays t mod K.
 
     The trainer takes it just before an update whose loss was clean or opened a run of spikes, so a rollback or
     skip lands before the run of spikes; at every checkpoint save and right after a resume, so a resumed run
     returns to the same state as an uninterrupted one (never behind the last checkpoint)."""
 
-    def __init__(self, params: list[torch.nn.Parameter], optimizer):
-        self.params, self.optimizer = params, optimizer
-        self.buffers: list[torch.Tensor] | None = None
-        self.live: list[torch.Tensor] = []  # the tensors the buffers mirror (AdamW updates them in place)
+    def __init__(self, params: list[torch.nn.Parameter], optimizer, snapshot: MemorySnapshot | DiskSnapshot | None):
+        self.params, self.optimizer, self.snapshot = params, optimizer, snapshot
+        self.groups: list[dict[str, torch.Tensor]] | None = None  # per parameter: the tensors the snapshot mirrors
         self.with_state: list[torch.nn.Parameter] = []
         self.number_keys: list[tuple] = []  # (parameter, state key) of optimizer state that is not a tensor
         self.numbers: list = []  # their values
+        self.reported_bytes = 0
 
     def reset(self) -> None:
-        """Forget the buffers, e.g. after the optimizer's state was replaced by a checkpoint's."""
-        self.buffers = None
+        """Forget what the snapshot mirrors, e.g. after the optimizer's state was replaced by a checkpoint's."""
+        self.groups = None
 
-    def _gather(self) -> list[torch.Tensor]:
+    def _gather(self) -> list[dict[str, torch.Tensor]]:
         state = self.optimizer.state
-        moments = [state[p][k] for p in self.with_state for k in sorted(state[p]) if torch.is_tensor(state[p][k])]
-        return [p.data for p in self.params] + moments
+        return [{"weight": p.data, **{k: v for k, v in sorted(state[p].items()) if torch.is_tensor(v)}}
+                if p in state else {"weight": p.data} for p in self.params]
 
     def take(self) -> None:
-        if self.buffers is None or len(self.optimizer.state) != len(self.with_state):
-            self.buffers = None  # the old copies go before the new ones are made
+        if self.snapshot is None:
+            return
+        fresh = self.groups is None or len(self.optimizer.state) != len(self.with_state)
+        if fresh:
             self.with_state = [p for p in self.params if p in self.optimizer.state]
-            self.live = self._gather()
-            self.buffers = [t.clone() for t in self.live]
+            self.groups = self._gather()
             self.number_keys = [(p, k) for p in self.with_state for k, v in self.optimizer.state[p].items()
                                 if not torch.is_tensor(v)]
-        else:
-            torch._foreach_copy_(self.buffers, self.live)
+        self.snapshot.write(self.groups, fresh)
         self.numbers = [self.optimizer.state[p][k] for p, k in self.number_keys]  # empty for torch's AdamW
 
     def restore(self) -> None:
         keep = set(map(id, self.with_state))
         for p in [p for p in self.optimizer.state if id(p) not in keep]:
             del self.optimizer.state[p]
-        torch._foreach_copy_(self.live, self.buffers)
+        self.snapshot.read_into(self.groups)
         for (p, key), value in zip(self.number_keys, self.numbers):
             self.optimizer.state[p][key] = value
+
+    def written_mb(self) -> float:
+        """MiB the snapshot wrote to disk since the last call."""
+        written = self.snapshot.written_bytes if self.snapshot is not None else 0
+        new, self.reported_bytes = written - self.reported_bytes, written
+        return new / 2**20
 
 
 class DivergenceGuard:

@@ -49,7 +49,7 @@ def _train(recipe, run_dir, reporter, resume, force, adapter_dir, job, world, ta
     started = time.perf_counter()
 
     def setup() -> tuple[Run, int]:
-        trainer, loaded, task_data = build_trainer(recipe, world, task)
+        trainer, loaded, task_data = build_trainer(recipe, world, task, run_dir / "snapshot")
         first_step, wall_before, notes = resume_state(run_dir, trainer) if resume else (0, 0.0, [])
         run = Run(recipe, run_dir, trainer, loaded, task_data, job, reporter, adapter_dir or run_dir / "adapter",
                   first_step, wall_before, notes)
@@ -72,9 +72,11 @@ def _train(recipe, run_dir, reporter, resume, force, adapter_dir, job, world, ta
     return summary
 
 
-def build_trainer(recipe: Recipe, world: World = SINGLE, task: TaskData | None = None):
+def build_trainer(recipe: Recipe, world: World = SINGLE, task: TaskData | None = None,
+                  snapshot_dir: Path | None = None):
     """Set up in dependency order: threads and seed, backend, model, data (loaded once; this rank's shard), the
-    method with its optimizer (built over all LoRA parameters before any block is frozen), LR schedule."""
+    method with its optimizer (built over all LoRA parameters before any block is frozen), LR schedule.
+    `snapshot_dir`: where divergence.snapshot disk keeps its files (a temporary dir when None)."""
     if recipe.train.threads:
         torch.set_num_threads(recipe.train.threads)
     torch.manual_seed(recipe.train.seed)
@@ -93,7 +95,7 @@ def build_trainer(recipe: Recipe, world: World = SINGLE, task: TaskData | None =
                                  num_training_steps=recipe.train.max_steps)
     trainer = Trainer(loaded.model, params, optimizer, lr_scheduler, method, batches, backend, recipe.train.grad_accum,
                       recipe.train.max_grad_norm, recipe.train.autocast, recipe.divergence,
-                      functools.partial(causal_lm_loss, probe=loaded.probe), world)
+                      functools.partial(causal_lm_loss, probe=loaded.probe), world, snapshot_dir)
     return trainer, loaded, task
 
 
@@ -123,7 +125,8 @@ def _finish(run: Run) -> dict:
     """Rank 0: the adapter, summary.json, job.json and the report. Other ranks only return their step count."""
     if not run.world.is_main:
         return {"steps": run.done, "rank": run.world.rank}
-    save_adapter(run.loaded.model, run.adapter_dir)
+    if not (run.diverged and run.recipe.divergence.snapshot == "none"):  # no snapshot: the weights are the diverged
+        save_adapter(run.loaded.model, run.adapter_dir)
     summary = summarize(rundir.read_metrics(run.run_dir / "metrics.jsonl"), run.trainer.method, run.wall_time_s())
     summary["diverged"] = run.diverged is not None
     summary["memory"] = breakdown(run.loaded.model, run.loaded.probe, run.loaded.runtime_mb,

@@ -169,8 +169,10 @@ class DivergenceStop(Hook):
 
     def after_step(self, run: Run, row: dict) -> None:
         if row.get("event") == "diverged" and run.recipe.divergence.action == "stop":
+            kept = (f"saved as checkpoints/step-{run.done}" if run.recipe.divergence.snapshot != "none" else
+                    "the last checkpoint (divergence.snapshot: none)")
             run.diverged = Diverged(f"training diverged at step {run.done}: {row['reason']}; the last good state "
-                                    f"is saved as checkpoints/step-{run.done}")
+                                    f"is {kept}")
 
 
 class PeriodicEval(Hook):
@@ -205,6 +207,8 @@ class Checkpointer(Hook):
         self.saved_at = run.first_step  # a resumed run's checkpoint is already on disk
 
     def after_step(self, run: Run, row: dict) -> None:
+        if run.diverged and run.recipe.divergence.snapshot == "none":
+            return  # nothing restored the weights: the last checkpoint stays the last good state
         if self.due(run.done) or run.diverged:
             self._save(run)
 

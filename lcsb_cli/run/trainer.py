@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable
 
 import torch
@@ -16,7 +17,7 @@ from ..methods import Method
 from ..model.losses import causal_lm_loss
 from ..recipe import DivergenceConfig
 from .distributed import SINGLE, World
-from .divergence import DivergenceGuard, GoodState, all_finite, scale_lr
+from .divergence import DivergenceGuard, GoodState, all_finite, make_snapshot, scale_lr
 
 
 def target_tokens(batch: dict[str, torch.Tensor]) -> int:
@@ -40,10 +41,12 @@ class Trainer:
     divergence: DivergenceConfig  # action, spike_factor, patience, lr_backoff
     loss_fn: Callable = causal_lm_loss
     world: World = SINGLE  # data parallel: the loss and the active block's gradients are summed over ranks
+    snapshot_dir: Path | None = None  # divergence.snapshot disk: where the rollback snapshot lives
 
     def __post_init__(self):
         self.guard = DivergenceGuard(self.divergence.spike_factor, self.divergence.patience)
-        self.good = GoodState(self.params, self.optimizer)
+        self.good = GoodState(self.params, self.optimizer,
+                              make_snapshot(self.divergence.snapshot, self.snapshot_dir))
         self.notes: list[dict] = []  # event rows the backend raised (throttling, precision choice)
         self.suspect = False  # whether updates since the snapshot belong to the divergence being handled
 
@@ -66,6 +69,8 @@ class Trainer:
         self.notes += notes
         elapsed = time.perf_counter() - start
         tokens = int(self.world.total(sum(int(b["attention_mask"].sum()) for b in micro)))
+        if self.divergence.snapshot == "disk":
+            device_metrics["snapshot_write_mb"] = self.good.written_mb()
         return {
             "step": step + 1, "loss": loss, "lr": lr, "grad_norm": grad_norm, "tokens": tokens,
             "tokens_per_s": tokens / elapsed, "step_time_s": elapsed, "peak_mem_mb": self.backend.peak_mem_mb(),
@@ -122,7 +127,7 @@ class Trainer:
         update leaves the weights as they are. rollback and stop always return to the snapshot, and rollback
         scales the learning rate for the rest of the run. The LR and block schedules keep counting with the data."""
         action = self.divergence.action
-        if action != "skip" or self.suspect:
+        if (action != "skip" or self.suspect) and self.divergence.snapshot != "none":
             self.good.restore()
         if action == "rollback":
             scale_lr(self.optimizer, self.lr_scheduler, self.divergence.lr_backoff)
