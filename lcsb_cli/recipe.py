@@ -30,6 +30,7 @@ class LoraConfig:
     alpha: float = 32.0
     dropout: float = 0.0
     targets: list[str] = field(default_factory=lambda: list(LORA_TARGETS))
+    backward: str = "autograd"  # autograd (peft's layers) | mesp (saves only x; recomputes xA in backward)
 
 
 @dataclass
@@ -181,6 +182,7 @@ CHOICES = {
     "eval.mode": ("score", "generate"),
     "divergence.action": ("stop", "skip", "rollback"),
     "divergence.snapshot": ("memory", "disk", "none"),
+    "lora.backward": ("autograd", "mesp"),
     "memory.embedding": ("keep", "nf4", "fp4"),
 }
 MINIMUMS = {
@@ -228,6 +230,14 @@ def recipe_from_dict(raw: dict, source: str = "config.yaml") -> Recipe:
     return recipe
 
 
+def with_overrides(recipe: Recipe, overrides: typing.Sequence[str], source: str) -> Recipe:
+    """A copy of `recipe` with dotted KEY=VALUE overrides applied and validated."""
+    raw = to_dict(recipe)
+    for item in overrides:
+        apply_override(raw, item, Recipe)
+    return recipe_from_dict(raw, source)
+
+
 to_dict = dataclasses.asdict
 
 
@@ -251,6 +261,9 @@ def validate(recipe: Recipe) -> None:
                        "divergence.action=stop (the last checkpoint is the state to resume from) or snapshot=disk")
     if recipe.lora.dropout >= 1:
         raise BadInput(f"lora.dropout: {recipe.lora.dropout} must be below 1")
+    if recipe.lora.backward == "mesp" and recipe.lora.dropout:
+        raise BadInput(f"lora.backward: mesp recomputes xA from x and keeps no dropout mask; set lora.dropout=0 "
+                       f"(not {recipe.lora.dropout}) or lora.backward=autograd")
     for key in ("lora.alpha", "mezo.eps", "mezo.lr", "train.lr"):
         if get_key(recipe, key) <= 0:
             raise BadInput(f"{key}: {get_key(recipe, key)} must be positive")

@@ -275,6 +275,23 @@ def test_lcsb_variants_name_their_upper_path_and_refuse_bad_names():
         method_names(recipe, [], "equal-energy")
 
 
+def test_a_compared_method_can_carry_recipe_overrides():
+    from lcsb_cli.bench.compare import method_names, method_recipe
+    from lcsb_cli.errors import BadInput
+    from lcsb_cli.recipe import load_recipe
+
+    recipe = load_recipe(LAMP2)
+    name = "lcsb:2@lora.rank=64,lora.backward=mesp"
+    assert method_names(recipe, [name]) == ["lcsb:4", name]
+    variant = method_recipe(recipe, name, 7)
+    assert (variant.lcsb.blocks, variant.lora.rank, variant.lora.backward, variant.train.max_steps) == (2, 64, "mesp", 7)
+    assert method_recipe(recipe, "full-backprop@lora.rank=8", 7).lora.rank == 8
+    with pytest.raises(BadInput, match="lora.backward: 'fast' is not one of"):
+        method_names(recipe, ["lcsb:2@lora.backward=fast"])
+    with pytest.raises(BadInput, match="lora.rnk"):
+        method_names(recipe, ["lcsb:2@lora.rnk=8"])
+
+
 def _shape(layers: int = 2, targets=("q_proj", "v_proj")):
     from types import SimpleNamespace
 

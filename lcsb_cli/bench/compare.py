@@ -7,7 +7,7 @@ from pathlib import Path
 
 from ..atomic import write_json_atomic, write_text_atomic
 from ..errors import BadInput
-from ..recipe import Recipe, replace_key
+from ..recipe import Recipe, replace_key, with_overrides
 from ..run.summary import step_stats
 from .roofline import compute_dtype, roofline_fields
 from .seeds import combine_seeds, plot_loss_curves
@@ -24,9 +24,11 @@ def method_names(recipe: Recipe, compare: list[str], budget: str = "equal-steps"
         raise BadInput(f"--budget: unknown budget {budget!r}; choose from {', '.join(BUDGETS)}")
     own = _lcsb_name(recipe) if recipe.method == "lcsb" else recipe.method
     for name in compare:
-        if name not in FIXED and lcsb_blocks(name) is None:
-            raise BadInput(f"--compare: unknown method {name!r}; choose from {', '.join(FIXED)}, lcsb:K, "
-                           "lcsb:K:exact, lcsb:K:exactW")
+        method, overrides = split_variant(name)
+        if method not in FIXED and lcsb_blocks(method) is None:
+            raise BadInput(f"--compare: unknown method {method!r}; choose from {', '.join(FIXED)}, lcsb:K, "
+                           "lcsb:K:exact, lcsb:K:exactW, each optionally with @KEY=VALUE[,KEY=VALUE]")
+        with_overrides(recipe, overrides, f"--compare {name}")
     return list(dict.fromkeys([own, *compare, *([BASELINE] if budget == "equal-time" else [])]))
 
 
@@ -57,8 +59,17 @@ def lcsb_variant(name: str) -> tuple[int, int | None] | None:
     return (int(blocks), int(digits)) if window.startswith("exact") and digits.isdigit() else None
 
 
+def split_variant(name: str) -> tuple[str, list[str]]:
+    """`METHOD@KEY=VALUE,KEY=VALUE` (a method run with recipe overrides, e.g. `lcsb:4@lora.rank=64`) ->
+    (METHOD, [KEY=VALUE, ...])."""
+    method, _, overrides = name.partition("@")
+    return method, [item for item in overrides.split(",") if item]
+
+
 def method_recipe(recipe: Recipe, name: str, total_steps: int) -> Recipe:
     """The recipe as `name` runs it, its LR schedule spanning the bench's `total_steps`."""
+    name, overrides = split_variant(name)
+    recipe = with_overrides(recipe, overrides, f"--compare {name}") if overrides else recipe
     recipe = replace_key(recipe, "train.max_steps", total_steps)
     if (variant := lcsb_variant(name)) is not None:
         blocks, window = variant

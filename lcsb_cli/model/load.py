@@ -234,6 +234,8 @@ def load_model(recipe: Recipe, device: torch.device, adapter: Path | None = None
     """Base model (quantized if asked) with LoRA on `recipe.lora.targets` (fresh, or `adapter`'s weights)."""
     from peft import LoraConfig, PeftModel, get_peft_model
 
+    from .mesp import use_mesp
+
     runtime_mb = memory.runtime_rss_mb()
     memory.configure_allocator(recipe.memory.malloc_mmap_threshold_kb)
     memory.limit_kernel_caches(recipe.memory.kernel_cache)
@@ -248,6 +250,8 @@ def load_model(recipe: Recipe, device: torch.device, adapter: Path | None = None
             r=recipe.lora.rank, lora_alpha=recipe.lora.alpha, lora_dropout=recipe.lora.dropout,
             target_modules=list(recipe.lora.targets), task_type="CAUSAL_LM",
         )
+        if recipe.lora.backward == "mesp":
+            use_mesp(lora)
         with memory.seeded(recipe.train.seed):
             peft_model = get_peft_model(model, lora)
     peft_model.active_peft_config.base_model_name_or_path = portable_name(recipe.model.name)
