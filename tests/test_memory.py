@@ -19,6 +19,7 @@ from lcsb_cli.model import load as models
 from lcsb_cli.model import losses, memory, streamed
 from lcsb_cli.model.load import load_model
 from lcsb_cli.model.losses import causal_lm_loss
+from lcsb_cli.model.mesp import MespLinear
 from lcsb_cli.recipe import load_recipe
 from lcsb_cli.selective import SelectiveLayers, partition
 
@@ -316,6 +317,7 @@ def test_memory_recipe_builds_its_0_5b_model_4bit_with_full_one_row_batches():
     frozen = [p for p in loaded.model.parameters() if not p.requires_grad]
     packed = [p for p in frozen if p.dtype == torch.uint8]
     assert len(packed) == 7 * len(loaded.layers)  # every projection's frozen weight is packed 4-bit
+    assert sum(isinstance(m, MespLinear) for m in loaded.model.modules()) == 7 * len(loaded.layers)
     assert {p.dtype for p in frozen if p.dtype != torch.uint8} == {torch.bfloat16}  # norms and biases
     assert isinstance(loaded.model.get_input_embeddings(), streamed.QuantizedEmbedding)
     assert isinstance(loaded.model.get_output_embeddings(), streamed.QuantizedHead)
