@@ -24,17 +24,18 @@ class MemorySnapshot:
 
     def __init__(self):
         self.copies: list[torch.Tensor] | None = None
+        self.sources: list[torch.Tensor] = []  # the groups' tensors, flattened once per new set of groups
 
     def write(self, groups: list[dict[str, torch.Tensor]], fresh: bool) -> None:
-        tensors = [t for group in groups for t in group.values()]
         if fresh or self.copies is None:
             self.copies = None  # the old copies go before the new ones are made
-            self.copies = [t.clone() for t in tensors]
+            self.sources = [t for group in groups for t in group.values()]
+            self.copies = [t.clone() for t in self.sources]
         else:
-            torch._foreach_copy_(self.copies, tensors)
+            torch._foreach_copy_(self.copies, self.sources)
 
     def read_into(self, groups: list[dict[str, torch.Tensor]]) -> None:
-        torch._foreach_copy_([t for group in groups for t in group.values()], self.copies)
+        torch._foreach_copy_(self.sources, self.copies)
 
 
 class DiskSnapshot:

@@ -49,7 +49,8 @@ def _train(recipe, run_dir, reporter, resume, force, adapter_dir, job, world, ta
     started = time.perf_counter()
 
     def setup() -> tuple[Run, int]:
-        trainer, loaded, task_data = build_trainer(recipe, world, task, run_dir / "snapshot")
+        snapshot_dir = run_dir / ("snapshot" if world.rank == 0 else f"snapshot-rank{world.rank}")  # ranks never share
+        trainer, loaded, task_data = build_trainer(recipe, world, task, snapshot_dir)
         first_step, wall_before, notes = resume_state(run_dir, trainer) if resume else (0, 0.0, [])
         run = Run(recipe, run_dir, trainer, loaded, task_data, job, reporter, adapter_dir or run_dir / "adapter",
                   first_step, wall_before, notes)
