@@ -50,6 +50,7 @@ class NpuSimConfig:
     # npu-htp: the first of w8a8, w8a16, fp16 within the threshold, else fp32) | fp16 | fp32 | w8a16 | w8a8
     row_protection: bool = True  # per-row power-of-two scaling around every FP16 cast
     overlap: bool = True  # NPU products on a worker thread while the CPU computes the adapters
+    fuse_cpu_ops: bool = True  # the CPU lane's elementwise chains (norms, RoPE, softmax, SiLU x up) as fused kernels
     calibration_steps: int = 4  # precision=auto: steps measuring each layer's fp16 input-gradient error (>= K
     # covers every block); a layer that got no input gradient in them stays fp16
     fp32_threshold: float = 0.01  # precision=auto: relative error above which a layer moves to fp32 (npu-htp: up

@@ -137,7 +137,7 @@ def test_a_forced_hot_phone_pauses_training_and_it_still_finishes(tmp_path):
     assert summary["steps"] == 8 and pauses and all(r["paused_s"] > 0 for r in pauses)
     assert json.loads((tmp_path / "run" / "job.json").read_text())["throttled_s"] == sum(r["paused_s"] for r in pauses)
     assert len(pauses) >= 2 and all(r["temp_c"] > 35 for r in pauses)  # paused when hot, trained again when cool
-    assert rows[-1]["step"] == 8 and "loss" in rows[-1]
+    assert [r for r in rows if "loss" in r][-1]["step"] == 8  # event rows (a throttle) may follow the last step
 
 
 def _lcsb(*args):

@@ -145,8 +145,10 @@ def _split(methods: list[dict]) -> BenchTable:
 
 
 def _simulated(methods: list[dict], recipe: Recipe) -> BenchTable:
-    columns = ["method", "sim step (ms)", "sim energy (mJ/step)", "NPU util", "sim speedup"]
-    rows = [[m["name"], f"{m['sim_median_step_time_s'] * 1e3:.2f}", f"{m['sim_median_energy_j'] * 1e3:.1f}",
+    columns = ["method", "sim step (ms)", "NPU lane (ms)", "CPU lane (ms)", "sim energy (mJ/step)", "NPU util",
+               "sim speedup"]
+    rows = [[m["name"], f"{m['sim_median_step_time_s'] * 1e3:.2f}", _milliseconds(m.get("sim_median_npu_s")),
+             _milliseconds(m.get("sim_median_cpu_s")), f"{m['sim_median_energy_j'] * 1e3:.1f}",
              f"{m['npu_util']:.2f}", f"{m['sim_speedup']:.2f}x"] for m in methods if "sim_median_step_time_s" in m]
     title = f"Simulated on-device (npu-sim, {recipe.npu_sim.device}, {recipe.npu_sim.weights} weights)"
     return BenchTable(title, columns, rows)
@@ -161,6 +163,10 @@ def _memory(methods: list[dict]) -> BenchTable:
 
 def _cell(value: float | None, template: str) -> str:
     return "" if value is None else template.format(value)
+
+
+def _milliseconds(seconds: float | None) -> str:
+    return _cell(None if seconds is None else seconds * 1e3, "{:.2f}")
 
 
 def _markdown_row(cells: list[str]) -> str:

@@ -24,6 +24,8 @@ def step_stats(steps: list[dict]) -> dict:
                      sim_median_energy_j=_median(steps, "sim_energy_j"),
                      sim_energy_j=sum(r["sim_energy_j"] for r in steps),
                      sim_max_temp_c=max(r["sim_temp_c"] for r in steps), npu_util=_median(steps, "npu_util"))
+    if _all_carry(steps, "sim_npu_s", "sim_cpu_s"):  # the lanes' busy times
+        stats.update(sim_median_npu_s=_median(steps, "sim_npu_s"), sim_median_cpu_s=_median(steps, "sim_cpu_s"))
     return stats
 
 

@@ -2,16 +2,15 @@
 
 The tensors live on the host CPU; what is simulated is the NPU's interface (resident weights, forward
 products only), its numerics (FP16 with row protection, int8/int4 weights) and the phone's time, energy and
-temperature (device.py). What the CPU lane is billed for: adapter products, the attention core (QK^T and PV,
-forward and backward), the LM head (it runs on the few target positions only, so it stays on the CPU) and
-the AdamW update. Norms, activations and residual adds are not modelled.
+temperature (device.py). The CPU lane is billed for the adapter products (linear.py), every other operator of a
+decoder layer (cpu_lane.py: norms, RoPE, the attention core, the activation, residual adds; fused or not), the
+embedding, final norm and LM head, and the AdamW update.
 """
 
 from __future__ import annotations
 
-from torch import nn
-
 from ..cpu import CpuBackend
+from .cpu_lane import bill_layers, bill_model_ends
 from .device import DeviceModel, load_profile
 from .executor import Calibration, NpuExecutor
 from .linear import install
@@ -54,12 +53,8 @@ class NpuSimBackend(CpuBackend):
         install(loaded.layers, self.executor, self.device_model)
         start = self.calibrating_precision if self.config.precision == "auto" else self.config.precision
         self._set_precisions({r.name: start for r in self.executor.residents})
-        for layer in loaded.layers:
-            if hasattr(layer, "self_attn"):
-                _bill_attention(layer.self_attn, self.device_model)
-        head = loaded.model.get_output_embeddings()
-        if head is not None:
-            _bill_cpu_linear(head, self.device_model)
+        bill_layers(loaded.layers, loaded.model.config, self.device_model, self.config.fuse_cpu_ops)
+        bill_model_ends(loaded.model, self.device_model, self.config.fuse_cpu_ops)
         self.trainable = sum(p.numel() for p in loaded.model.parameters() if p.requires_grad)
 
     def held_weights(self) -> list:
@@ -109,27 +104,3 @@ class NpuSimBackend(CpuBackend):
         calibration = state["calibration"]
         self.executor.calibration = None if calibration is None else type(self.new_calibration())(**calibration)
 
-
-def _bill_attention(attention: nn.Module, device: DeviceModel) -> None:
-    """The attention core runs on the CPU: 4 B T^2 d flops forward (QK^T and PV), twice that backward."""
-
-    def hook(module, args, kwargs, output):
-        hidden = kwargs.get("hidden_states", args[0] if args else None)
-        out = output[0] if isinstance(output, tuple) else output
-        batch, length, _ = hidden.shape
-        flops = 4.0 * batch * length * length * out.shape[-1]
-        device.record(cpu_s=device.cpu_seconds(flops))
-        if out.requires_grad:
-            out.register_hook(lambda grad: device.record(cpu_s=device.cpu_seconds(2 * flops)))
-
-    attention.register_forward_hook(hook, with_kwargs=True)
-
-
-def _bill_cpu_linear(linear: nn.Module, device: DeviceModel) -> None:
-    def hook(module, args, output):
-        flops = 2.0 * output.numel() * args[0].shape[-1]
-        device.record(cpu_s=device.cpu_seconds(flops))
-        if output.requires_grad:
-            output.register_hook(lambda grad: device.record(cpu_s=device.cpu_seconds(flops)))
-
-    linear.register_forward_hook(hook)

@@ -106,7 +106,7 @@ class DeviceModel:
         if was_throttled:
             self.throttled_s += elapsed
         metrics = {"sim_step_time_s": elapsed, "sim_energy_j": energy, "sim_temp_c": self.temp_c,
-                   "npu_util": npu / elapsed if elapsed else 0.0}
+                   "npu_util": npu / elapsed if elapsed else 0.0, "sim_npu_s": npu, "sim_cpu_s": cpu}
         return metrics, events
 
     def advance(self, seconds: float, power_w: float) -> list[str]:
