@@ -53,3 +53,12 @@ def test_turning_fusion_off_raises_the_cpu_lane_and_leaves_the_npu_lane(tmp_path
     assert lanes[False][0] > 1.2 * lanes[True][0] and lanes[False][1] == lanes[True][1]
     assert lanes[False][2] > lanes[True][2]
     assert torch.tensor(lanes[True]).gt(0).all()
+
+
+def test_the_older_snapdragon_takes_longer_on_both_lanes(tmp_path):
+    lanes = {}
+    for device in ("snapdragon-8gen3", "snapdragon-8gen2"):
+        run_train(tmp_path / device, "train.max_steps=1", "backend=npu-sim", f"npu_sim.device={device}")
+        summary = json.loads((tmp_path / device / "summary.json").read_text())
+        lanes[device] = summary["sim_median_npu_s"], summary["sim_median_cpu_s"]
+    assert all(old > new for old, new in zip(lanes["snapdragon-8gen2"], lanes["snapdragon-8gen3"]))
