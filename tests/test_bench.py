@@ -76,7 +76,8 @@ def _rows(step_s, forward_s=None, backward_s=None, sim_s=None, tokens=100, event
             row.update(forward_s=forward_s[i], backward_s=backward_s[i])
         if sim_s:
             row.update(sim_step_time_s=sim_s[i], sim_energy_j=sim_s[i] * 4, sim_temp_c=30.0 + i, npu_util=0.5,
-                       sim_npu_s=sim_s[i] / 2, sim_cpu_s=sim_s[i] * 0.75)
+                       sim_npu_s=sim_s[i] / 2, sim_cpu_s=sim_s[i] * 0.75, sim_gpu_trainer_s=sim_s[i] * 2,
+                       sim_cpu_trainer_s=sim_s[i] * 3)
         rows.append(row)
     if event:
         rows[0]["event"] = event
@@ -150,7 +151,7 @@ def test_markdown_and_rich_show_the_same_cells():
     assert markdown[0][1] == ["lcsb:4", "2", "0.550", "182", "110", "1.0000", "2.00x", "", "0.250"]
     assert markdown[1][1:] == [["lcsb:4", "0.100", "0.200", "3.60x", "0.56"],
                                ["full-backprop", "0.300", "0.600", "", ""]]
-    assert markdown[2][1] == ["lcsb:4", "25.00", "12.50", "18.75", "100.0", "0.50", "2.20x"]
+    assert markdown[2][1] == ["lcsb:4", "25.00", "12.50", "18.75", "50.00", "75.00", "100.0", "0.50", "2.20x"]
 
 
 def test_bench_on_npu_sim_reports_the_simulated_phone_per_method():

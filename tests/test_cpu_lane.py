@@ -62,3 +62,17 @@ def test_the_older_snapdragon_takes_longer_on_both_lanes(tmp_path):
         summary = json.loads((tmp_path / device / "summary.json").read_text())
         lanes[device] = summary["sim_median_npu_s"], summary["sim_median_cpu_s"]
     assert all(old > new for old, new in zip(lanes["snapdragon-8gen2"], lanes["snapdragon-8gen3"]))
+
+
+def test_the_same_step_is_priced_for_a_cpu_trainer_and_a_mobile_gpu_trainer_by_hand():
+    """1 GFLOP/s CPU, 1 GB/s memory, a GPU at 10 GFLOP/s x 0.5, no launch cost. A product of 2 GFLOP over 2 MB with
+    0.1 GFLOP of adapter work, then a CPU-lane operation of 0.1 GFLOP over 100 MB. CPU trainer: 2 + 0.1 + 0.1 s;
+    GPU trainer: 0.4 + 0.02 + 0.1 (memory-bound) s."""
+    profile = dataclasses.replace(load_profile("snapdragon-8gen3"), cpu_gflops=1.0, memory_gbs=1.0,
+                                  gpu_fp32_gflops=10.0, gpu_efficiency=0.5, gpu_launch_us=0.0)
+    device = DeviceModel(profile)
+    device.product(2e9, 1e6, 1e6, adapter_flops=1e8)
+    device.cpu([(1e8, 1e8)])
+    metrics, _ = device.end_step()
+    assert metrics["sim_cpu_trainer_s"] == pytest.approx(2.2) and metrics["sim_gpu_trainer_s"] == pytest.approx(0.52)
+    assert metrics["sim_step_time_s"] < metrics["sim_gpu_trainer_s"] < metrics["sim_cpu_trainer_s"]

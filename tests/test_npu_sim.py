@@ -104,7 +104,7 @@ def test_thermal_model_throttles_a_long_hot_run_and_recovers_when_cooled(tmp_pat
     events = []
     for _ in range(200):
         device.begin_step()
-        device.record(npu_s=device.npu_seconds(*work), cpu_s=device.cpu_seconds(1e10))
+        device.product(*work, adapter_flops=1e10)
         events += device.end_step()[1]
     assert events == ["npu_clock_throttled"] and device.temp_c >= device.profile.throttle_c - device.profile.hysteresis_c
     assert device.npu_seconds(*work) > 1.9 * cool_time - device.profile.npu_launch_us * 1e-6  # clock halved

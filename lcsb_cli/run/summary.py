@@ -26,6 +26,9 @@ def step_stats(steps: list[dict]) -> dict:
                      sim_max_temp_c=max(r["sim_temp_c"] for r in steps), npu_util=_median(steps, "npu_util"))
     if _all_carry(steps, "sim_npu_s", "sim_cpu_s"):  # the lanes' busy times
         stats.update(sim_median_npu_s=_median(steps, "sim_npu_s"), sim_median_cpu_s=_median(steps, "sim_cpu_s"))
+    if _all_carry(steps, "sim_cpu_trainer_s", "sim_gpu_trainer_s"):  # the same steps priced for the other trainers
+        stats.update(sim_median_cpu_trainer_s=_median(steps, "sim_cpu_trainer_s"),
+                     sim_median_gpu_trainer_s=_median(steps, "sim_gpu_trainer_s"))
     return stats
 
 

@@ -69,7 +69,7 @@ class NpuSimBackend(CpuBackend):
 
     def end_step(self) -> tuple[dict, list[dict]]:
         n = self.trainable  # AdamW: ~10 flops a parameter; reads p, g, m, v and writes p, m, v in fp32
-        self.device_model.record(cpu_s=self.device_model.cpu_seconds(10.0 * n, 28.0 * n))
+        self.device_model.cpu([(10.0 * n, 28.0 * n)])
         metrics, thermal = self.device_model.end_step()
         step = self._step + 1
         events = [{"step": step, "event": e, "sim_temp_c": metrics["sim_temp_c"]} for e in thermal]

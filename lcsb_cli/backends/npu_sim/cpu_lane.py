@@ -85,15 +85,24 @@ def layer_operators(shape: LayerShape, batch: int, length: int) -> list[tuple[st
     ]
 
 
-def operator_seconds(device: DeviceModel, size: float, chain: Chain | None, fused: bool) -> float:
+def operation(size: float, chain: Chain | None, fused: bool) -> tuple[float, float]:
+    """(flops, bytes) of an operator: a product's flops, or a chain over `size` values."""
     if chain is None:
-        return device.cpu_seconds(size)
-    return device.cpu_seconds(chain.flops * size, chain.passes(fused) * size * VALUE_BYTES)
+        return size, 0.0
+    return chain.flops * size, chain.passes(fused) * size * VALUE_BYTES
+
+
+def layer_operations(shape: LayerShape, batch: int, length: int, fused: bool) -> list[tuple[float, float]]:
+    return [operation(size, chain, fused) for _, size, chain in layer_operators(shape, batch, length)]
 
 
 def layer_seconds(device: DeviceModel, shape: LayerShape, batch: int, length: int, fused: bool) -> float:
     """One decoder layer's forward on the CPU lane."""
-    return sum(operator_seconds(device, size, chain, fused) for _, size, chain in layer_operators(shape, batch, length))
+    return sum(device.cpu_seconds(f, b) for f, b in layer_operations(shape, batch, length, fused))
+
+
+def backward(operations: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    return [(BACKWARD * flops, BACKWARD * nbytes) for flops, nbytes in operations]
 
 
 def bill_layers(layers: nn.ModuleList, config, device: DeviceModel, fused: bool) -> None:
@@ -103,11 +112,11 @@ def bill_layers(layers: nn.ModuleList, config, device: DeviceModel, fused: bool)
     def hook(module, args, kwargs, output):
         hidden = kwargs.get("hidden_states", args[0] if args else None)
         batch, length, _ = hidden.shape
-        forward = layer_seconds(device, shape, batch, length, fused)
-        device.record(cpu_s=forward)
+        operations = layer_operations(shape, batch, length, fused)
+        device.cpu(operations)
         out = output[0] if isinstance(output, tuple) else output
         if out.requires_grad:
-            out.register_hook(lambda grad: device.record(cpu_s=BACKWARD * forward))
+            out.register_hook(lambda grad: device.cpu(backward(operations)))
 
     for layer in layers:
         layer.register_forward_hook(hook, with_kwargs=True)
@@ -118,24 +127,24 @@ def bill_model_ends(model: nn.Module, device: DeviceModel, fused: bool) -> None:
     embedding, head = model.get_input_embeddings(), model.get_output_embeddings()
 
     def gather(module, args, output):
-        device.record(cpu_s=device.cpu_seconds(0.0, 2.0 * output.numel() * VALUE_BYTES))
+        device.cpu([(0.0, 2.0 * output.numel() * VALUE_BYTES)])
 
     embedding.register_forward_hook(gather)
     norm = _final_norm(model)
     if norm is not None:
         def final_norm(module, args, output):
-            seconds = operator_seconds(device, output.numel(), RMS_NORM, fused)
-            device.record(cpu_s=seconds)
+            operations = [operation(output.numel(), RMS_NORM, fused)]
+            device.cpu(operations)
             if output.requires_grad:
-                output.register_hook(lambda grad: device.record(cpu_s=BACKWARD * seconds))
+                output.register_hook(lambda grad: device.cpu(backward(operations)))
 
         norm.register_forward_hook(final_norm)
     if head is not None:
         def head_products(module, args, output):
             flops = 2.0 * output.numel() * args[0].shape[-1]
-            device.record(cpu_s=device.cpu_seconds(flops))
+            device.cpu([(flops, 0.0)])
             if output.requires_grad:
-                output.register_hook(lambda grad: device.record(cpu_s=device.cpu_seconds(flops)))
+                output.register_hook(lambda grad: device.cpu([(flops, 0.0)]))
 
         head.register_forward_hook(head_products)
 

@@ -6,6 +6,10 @@ on) costs the longer of the two; the rest adds up. Energy is each unit's active 
 plus the idle floor over the step. The device body is one thermal mass C (J/K) with resistance R (K/W) to
 ambient: over a step of length dt at mean power P, T <- T_amb + P R + (T - T_amb - P R) exp(-dt / RC).
 Above `throttle_c` the NPU clock drops to `throttle_clock` until T falls `hysteresis_c` below the threshold.
+
+Every segment also keeps its work as (flops, bytes) operations, so the same step is priced for the paper's
+baselines: a CPU trainer (every operation on the CPU, one after another) and a mobile-GPU trainer (every
+operation a GPU kernel: roofline at `gpu_fp32_gflops` x `gpu_efficiency`, plus `gpu_launch_us` each).
 """
 
 from __future__ import annotations
@@ -41,6 +45,9 @@ class DeviceProfile:
     throttle_c: float
     throttle_clock: float  # NPU clock factor while throttled
     hysteresis_c: float
+    gpu_fp32_gflops: float  # mobile GPU (Adreno) fp32 peak, the GPU-trainer baseline
+    gpu_efficiency: float  # fraction of that peak a training kernel reaches
+    gpu_launch_us: float  # per kernel dispatch
     htp_arch: float  # npu-htp: the Hexagon architecture QNN compiles for (e.g. 75)
     soc_model: float  # npu-htp: QNN's id of the SoC (its fp16 kernels need it)
 
@@ -74,6 +81,7 @@ class DeviceModel:
         self.throttled = False
         self.throttled_s = 0.0
         self._segments: list[tuple[float, float]] = []  # (npu seconds, cpu seconds) run side by side
+        self._work: list[tuple[float, float]] = []  # every operation's (flops, bytes), for the other trainers
 
     @property
     def clock(self) -> float:
@@ -88,11 +96,32 @@ class DeviceModel:
         p = self.profile
         return max(flops / (p.cpu_gflops * 1e9), nbytes / (p.memory_gbs * 1e9))
 
-    def record(self, npu_s: float = 0.0, cpu_s: float = 0.0) -> None:
-        self._segments.append((npu_s, cpu_s))
+    def product(self, flops: float, weight_bytes: float, activation_bytes: float, adapter_flops: float,
+                on_npu: bool = True) -> None:
+        """A frozen-weight product (on the NPU, or on the CPU for an fp32 layer) and its adapter work on the CPU."""
+        self._work += [(flops, weight_bytes + activation_bytes), (adapter_flops, 0.0)]
+        if on_npu:
+            self._segments.append((self.npu_seconds(flops, weight_bytes, activation_bytes),
+                                   self.cpu_seconds(adapter_flops)))
+        else:
+            self._segments.append((0.0, self.cpu_seconds(flops + adapter_flops)))
+
+    def cpu(self, operations: list[tuple[float, float]]) -> None:
+        """Operations (flops, bytes) that run one after another on the CPU lane, serial with the NPU."""
+        self._work += operations
+        self._segments.append((0.0, sum(self.cpu_seconds(f, b) for f, b in operations)))
 
     def begin_step(self) -> None:
         self._segments.clear()
+        self._work.clear()
+
+    def cpu_trainer_seconds(self) -> float:
+        return sum(self.cpu_seconds(f, b) for f, b in self._work)
+
+    def gpu_trainer_seconds(self) -> float:
+        p = self.profile
+        return sum(max(f / (p.gpu_fp32_gflops * 1e9 * p.gpu_efficiency), b / (p.memory_gbs * 1e9))
+                   + p.gpu_launch_us * 1e-6 for f, b in self._work if f or b)
 
     def end_step(self) -> tuple[dict, list[str]]:
         """This step's metrics, and the thermal events it caused (npu_clock_throttled, npu_clock_restored)."""
@@ -106,7 +135,8 @@ class DeviceModel:
         if was_throttled:
             self.throttled_s += elapsed
         metrics = {"sim_step_time_s": elapsed, "sim_energy_j": energy, "sim_temp_c": self.temp_c,
-                   "npu_util": npu / elapsed if elapsed else 0.0, "sim_npu_s": npu, "sim_cpu_s": cpu}
+                   "npu_util": npu / elapsed if elapsed else 0.0, "sim_npu_s": npu, "sim_cpu_s": cpu,
+                   "sim_cpu_trainer_s": self.cpu_trainer_seconds(), "sim_gpu_trainer_s": self.gpu_trainer_seconds()}
         return metrics, events
 
     def advance(self, seconds: float, power_w: float) -> list[str]:

@@ -29,14 +29,11 @@ class NpuSite:
     bias: torch.Tensor | None
 
     def bill(self, rows: int, product_on_npu: bool, adapter_flops: float) -> None:
+        """fp32 layers' products run on the CPU, after the adapter work."""
         out_features, in_features = self.resident.shape
-        flops = 2.0 * rows * in_features * out_features
-        if product_on_npu:
-            weight_bytes = out_features * in_features * WEIGHT_BYTES[self.resident.fmt]
-            npu = self.device.npu_seconds(flops, weight_bytes, 2.0 * rows * (in_features + out_features))
-            self.device.record(npu_s=npu, cpu_s=self.device.cpu_seconds(adapter_flops))
-        else:  # fp32 layers: the product runs on the CPU, after the adapter work
-            self.device.record(cpu_s=self.device.cpu_seconds(flops + adapter_flops))
+        weight_bytes = out_features * in_features * WEIGHT_BYTES[self.resident.fmt]
+        self.device.product(2.0 * rows * in_features * out_features, weight_bytes,
+                            2.0 * rows * (in_features + out_features), adapter_flops, on_npu=product_on_npu)
 
 
 class _NpuLinear(torch.autograd.Function):
@@ -82,7 +79,7 @@ class _NpuLinear(torch.autograd.Function):
         if need_x:
             site.bill(rows, site.resident.precision != "fp32", adapter_flops)
         else:
-            site.device.record(cpu_s=site.device.cpu_seconds(adapter_flops))
+            site.device.cpu([(adapter_flops, 0.0)])
         return grad_x, grad_lora_x, grad_a, grad_b, None, None
 
 
