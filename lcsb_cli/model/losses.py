@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-CHUNK_BYTES = 16 * 2**20  # the most one vocabulary slice may hold: its fp32 logits or its head rows
+CHUNK_BYTES = 4 * 2**20  # the most one vocabulary slice may hold: its fp32 logits or its head rows
 
 
 def causal_lm_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor], probe=None) -> torch.Tensor:
