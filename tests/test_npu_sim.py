@@ -91,7 +91,8 @@ def test_calibration_moves_layers_whose_fp16_gradient_is_off_to_fp32():
 
 
 def _hot_profile(tmp_path):
-    profile = load_profile("snapdragon-8gen3").__dict__ | {"heat_capacity_j_per_c": 0.5}
+    profile = load_profile("snapdragon-8gen3").__dict__ | {"skin_heat_capacity_j_per_c": 0.5,
+                                                           "soc_heat_capacity_j_per_c": 0.01}
     path = tmp_path / "hot.yaml"
     path.write_text("\n".join(f"{k}: {v}" for k, v in profile.items() if k != "name"))
     return load_profile(str(path))
@@ -129,11 +130,14 @@ def test_training_on_npu_sim_tracks_the_cpu_backend_and_reports_the_device(tmp_p
     assert [r["fp32_layers"] for r in rows if r.get("event") == "precision"] == [[]]
 
 
-def _heat_balance_holds(profile, before_c, after_c, energy_j, seconds):
-    """Energy balance of one thermal mass C leaking (T - ambient) / R: C dT = E - the heat lost meanwhile, which lies
-    between the leak rates at the interval's two ends times its length (the temperature moves one way within it)."""
-    leak = sorted((t - profile.ambient_c) / profile.thermal_resistance_c_per_w * seconds for t in (before_c, after_c))
-    stored = profile.heat_capacity_j_per_c * (after_c - before_c)
+def _heat_balance_holds(profile, before, after, energy_j, seconds):
+    """Energy balance of the two nodes, (soc, skin) temperatures before and after: the heat they stored equals E
+    minus what the skin lost to ambient meanwhile, which lies between its leak rates at the interval's two ends
+    times its length (the skin's temperature moves one way within it)."""
+    leak = sorted((skin - profile.ambient_c) / profile.skin_to_ambient_c_per_w * seconds
+                  for skin in (before[1], after[1]))
+    stored = (profile.soc_heat_capacity_j_per_c * (after[0] - before[0])
+              + profile.skin_heat_capacity_j_per_c * (after[1] - before[1]))
     return energy_j - leak[1] - 1e-9 <= stored <= energy_j - leak[0] + 1e-9
 
 
@@ -141,18 +145,20 @@ def test_each_steps_energy_heats_the_phone_by_its_heat_capacity_and_idling_cools
     run_train(tmp_path / "npu", "train.max_steps=4", "backend=npu-sim")
     steps = [r for r in _rows(tmp_path / "npu") if "loss" in r]
     profile = load_profile("snapdragon-8gen3")
-    temps = [profile.ambient_c] + [r["sim_temp_c"] for r in steps]
-    assert all(after > before for before, after in pairwise(temps))  # energy spent, far below steady state
-    for before, row in zip(temps, steps):  # a step of ~25 mJ into 150 J/K: about 1.6e-4 C
-        assert _heat_balance_holds(profile, before, row["sim_temp_c"], row["sim_energy_j"], row["sim_step_time_s"])
+    temps = [(profile.ambient_c, profile.ambient_c)] + [(r["sim_soc_temp_c"], r["sim_temp_c"]) for r in steps]
+    assert all(after[1] > before[1] for before, after in pairwise(temps))  # energy spent, far below steady state
+    for before, after, row in zip(temps, temps[1:], steps):
+        assert _heat_balance_holds(profile, before, after, row["sim_energy_j"], row["sim_step_time_s"])
     backend = NpuSimBackend(NpuSimConfig())
-    backend.load_state_dict({**backend.state_dict(), "device": {"temp_c": 40.0, "throttled": False, "throttled_s": 0}})
+    hot = {"thermal": {"soc_c": 40.0, "skin_c": 40.0, "throttled": False}, "throttled_s": 0}
+    backend.load_state_dict({**backend.state_dict(), "device": hot})
     assert backend.idle(60.0) and backend.temperature() < 40.0
-    assert _heat_balance_holds(profile, 40.0, backend.temperature(), profile.idle_power_w * 60, 60.0)
-    for _ in range(5):  # idle 5 h (20 RC time constants): down to where the idle floor balances the leak, no lower
+    thermal = backend.device_model.thermal
+    assert _heat_balance_holds(profile, (40.0, 40.0), (thermal.soc_c, thermal.skin_c), profile.idle_power_w * 60, 60)
+    for _ in range(5):  # idle 5 h (over 30 skin time constants): down to where the idle floor balances the leak
         backend.idle(3600.0)
     assert backend.temperature() == pytest.approx(profile.ambient_c + profile.idle_power_w *
-                                                   profile.thermal_resistance_c_per_w, abs=0.01)
+                                                   profile.skin_to_ambient_c_per_w, abs=0.01)
     assert not backend.idle(60.0)
     backend.executor.close()
 

@@ -127,17 +127,23 @@ def test_a_forced_hot_phone_pauses_training_and_it_still_finishes(tmp_path):
     profile = load_recipe(OVERNIGHT).npu_sim.device
     from lcsb_cli.backends.npu_sim.device import load_profile
 
-    hot = load_profile(profile).__dict__ | {"heat_capacity_j_per_c": 0.02, "cpu_power_w": 40.0}
+    hot = load_profile(profile).__dict__ | {"skin_heat_capacity_j_per_c": 0.02, "soc_heat_capacity_j_per_c": 0.001,
+                                         "cpu_power_w": 40.0}
     (tmp_path / "hot.yaml").write_text("\n".join(f"{k}: {v}" for k, v in hot.items() if k != "name"))
     recipe = load_recipe(OVERNIGHT, [*TINY, "train.max_steps=8", f"npu_sim.device={tmp_path / 'hot.yaml'}",
-                                     "overnight.max_temp_c=35"])
+                                     "overnight.report=true"])
     summary = train(recipe, tmp_path / "run", Quiet())
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     pauses = [r for r in rows if r.get("event") == "throttled"]
     assert summary["steps"] == 8 and pauses and all(r["paused_s"] > 0 for r in pauses)
     assert json.loads((tmp_path / "run" / "job.json").read_text())["throttled_s"] == sum(r["paused_s"] for r in pauses)
-    assert len(pauses) >= 2 and all(r["temp_c"] > 35 for r in pauses)  # paused when hot, trained again when cool
+    assert recipe.overnight.max_temp_c == 42 == hot["throttle_c"]
+    assert len(pauses) >= 2 and all(r["temp_c"] > 42 for r in pauses)  # paused when hot, trained again when cool
     assert [r for r in rows if "loss" in r][-1]["step"] == 8  # event rows (a throttle) may follow the last step
+    throttles = sum(r.get("event") == "npu_clock_throttled" for r in rows)
+    assert throttles >= 1 and summary["events"]["npu_clock_throttled"] == throttles  # the skin passed throttle_c
+    report = (tmp_path / "run" / "report.md").read_text()
+    assert f"heat: {len(pauses)} cool-down pauses; NPU clock throttled {throttles} times" in report
 
 
 def _lcsb(*args):

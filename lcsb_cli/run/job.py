@@ -133,7 +133,7 @@ def write_report(run_dir: Path, recipe, state: dict, summary: dict, eval_after: 
 
 
 def report_markdown(report: dict, recipe) -> str:
-    before, after = report["eval_before"], report["eval_after"]
+    before, after, events = report["eval_before"], report["eval_after"], report["events"]
     keys = [k for k in ("accuracy", "macro_f1", "exact_match", "rouge1", "rougeL", "loss", "perplexity") if k in before]
     status = "finished" if report["finished"] else f"stopped ({report['stopped']}); continue with --resume"
     lines = [
@@ -141,6 +141,8 @@ def report_markdown(report: dict, recipe) -> str:
         f"- steps: {report['steps']} of {report['max_steps']}, {status}",
         f"- wall time: {report['wall_time_s'] / 60:.1f} min; throttled {report['throttled_s']:.0f} s; "
         f"waited for the window {report['waited_s']:.0f} s",
+        f"- heat: {events.get('throttled', 0)} cool-down pauses; NPU clock throttled "
+        f"{events.get('npu_clock_throttled', 0)} times, restored {events.get('npu_clock_restored', 0)}",
         f"- interruptions: {len(report['interruptions'])}; resumes: {report['resumes']}",
         f"- data lines skipped: {report['lines_skipped']}",
         f"- adapter: {report['adapter']}", "",

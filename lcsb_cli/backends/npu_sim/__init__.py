@@ -72,7 +72,8 @@ class NpuSimBackend(CpuBackend):
         self.device_model.cpu([(10.0 * n, 28.0 * n)])
         metrics, thermal = self.device_model.end_step()
         step = self._step + 1
-        events = [{"step": step, "event": e, "sim_temp_c": metrics["sim_temp_c"]} for e in thermal]
+        events = [{"step": step, "event": e, "sim_temp_c": metrics["sim_temp_c"],
+                   "sim_soc_temp_c": metrics["sim_soc_temp_c"]} for e in thermal]
         calibration = self.executor.calibration
         if calibration is not None and step >= self.config.calibration_steps:
             chosen = calibration.choose(self.config.fp32_threshold)

@@ -1,11 +1,10 @@
-"""Simulated phone: per-product roofline times on an NPU and a CPU lane, energy, and a first-order thermal model.
+"""Simulated phone: per-product roofline times on an NPU and a CPU lane, energy, and a two-node thermal model.
 
 A product's time is max(flops / throughput, bytes / memory bandwidth) plus, on the NPU, a launch overhead.
 Work that runs concurrently (an NPU product and the CPU's adapter work of the same linear, when overlap is
 on) costs the longer of the two; the rest adds up. Energy is each unit's active power times its busy time
-plus the idle floor over the step. The device body is one thermal mass C (J/K) with resistance R (K/W) to
-ambient: over a step of length dt at mean power P, T <- T_amb + P R + (T - T_amb - P R) exp(-dt / RC).
-Above `throttle_c` the NPU clock drops to `throttle_clock` until T falls `hysteresis_c` below the threshold.
+plus the idle floor over the step. The step's mean power heats the phone (thermal.py: SoC and skin), which
+throttles the NPU clock when hot.
 
 Every segment also keeps its work as (flops, bytes) operations, so the same step is priced for the paper's
 baselines: a CPU trainer (every operation on the CPU, one after another) and a mobile-GPU trainer (every
@@ -15,7 +14,6 @@ operation a GPU kernel: roofline at `gpu_fp32_gflops` x `gpu_efficiency`, plus `
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,6 +21,7 @@ import yaml
 
 from ...errors import BadInput
 from ...paths import CONFIGS_DIR
+from .thermal import Thermal
 
 DEVICE_DIR = CONFIGS_DIR / "devices"
 WEIGHT_BYTES = {"fp16": 2.0, "int8": 1.0, "int4": 0.5}
@@ -39,10 +38,13 @@ class DeviceProfile:
     cpu_power_w: float  # those cores' active power
     idle_power_w: float  # SoC + DRAM floor while the job runs
     memory_gbs: float  # DRAM bandwidth
-    heat_capacity_j_per_c: float
-    thermal_resistance_c_per_w: float
+    soc_heat_capacity_j_per_c: float  # the SoC node of the thermal model (thermal.py)
+    soc_to_skin_c_per_w: float
+    skin_heat_capacity_j_per_c: float  # the body: battery, frame, skin
+    skin_to_ambient_c_per_w: float
     ambient_c: float
-    throttle_c: float
+    throttle_c: float  # skin temperature at which the NPU clock drops
+    junction_throttle_c: float  # SoC temperature at which it drops
     throttle_clock: float  # NPU clock factor while throttled
     hysteresis_c: float
     gpu_fp32_gflops: float  # mobile GPU (Adreno) fp32 peak, the GPU-trainer baseline
@@ -77,11 +79,19 @@ class DeviceModel:
 
     def __init__(self, profile: DeviceProfile, overlap: bool = True):
         self.profile, self.overlap = profile, overlap
-        self.temp_c = profile.ambient_c
-        self.throttled = False
+        self.thermal = Thermal(profile)
         self.throttled_s = 0.0
         self._segments: list[tuple[float, float]] = []  # (npu seconds, cpu seconds) run side by side
         self._work: list[tuple[float, float]] = []  # every operation's (flops, bytes), for the other trainers
+
+    @property
+    def temp_c(self) -> float:
+        """The skin's temperature: what a phone's thermal policy and the overnight job watch."""
+        return self.thermal.skin_c
+
+    @property
+    def throttled(self) -> bool:
+        return self.thermal.throttled
 
     @property
     def clock(self) -> float:
@@ -135,26 +145,18 @@ class DeviceModel:
         if was_throttled:
             self.throttled_s += elapsed
         metrics = {"sim_step_time_s": elapsed, "sim_energy_j": energy, "sim_temp_c": self.temp_c,
+                   "sim_soc_temp_c": self.thermal.soc_c,
                    "npu_util": npu / elapsed if elapsed else 0.0, "sim_npu_s": npu, "sim_cpu_s": cpu,
                    "sim_cpu_trainer_s": self.cpu_trainer_seconds(), "sim_gpu_trainer_s": self.gpu_trainer_seconds()}
         return metrics, events
 
     def advance(self, seconds: float, power_w: float) -> list[str]:
         """Let `seconds` pass at mean power `power_w`; cooling while idle is `advance(s, idle_power_w)`."""
-        p = self.profile
-        steady = p.ambient_c + power_w * p.thermal_resistance_c_per_w
-        tau = p.heat_capacity_j_per_c * p.thermal_resistance_c_per_w
-        self.temp_c = steady + (self.temp_c - steady) * math.exp(-seconds / tau)
-        if not self.throttled and self.temp_c >= p.throttle_c:
-            self.throttled = True
-            return ["npu_clock_throttled"]
-        if self.throttled and self.temp_c <= p.throttle_c - p.hysteresis_c:
-            self.throttled = False
-            return ["npu_clock_restored"]
-        return []
+        return self.thermal.advance(seconds, power_w)
 
     def state_dict(self) -> dict:
-        return {"temp_c": self.temp_c, "throttled": self.throttled, "throttled_s": self.throttled_s}
+        return {"thermal": self.thermal.state_dict(), "throttled_s": self.throttled_s}
 
     def load_state_dict(self, state: dict) -> None:
-        self.temp_c, self.throttled, self.throttled_s = state["temp_c"], state["throttled"], state["throttled_s"]
+        self.thermal.load_state_dict(state["thermal"])
+        self.throttled_s = state["throttled_s"]

@@ -1,0 +1,61 @@
+"""The simulated phone's two-node thermal model against its closed-form behaviour with the shipped profile."""
+
+import math
+
+import pytest
+
+from lcsb_cli.backends.npu_sim.device import load_profile
+from lcsb_cli.backends.npu_sim.thermal import Thermal
+
+PROFILE = load_profile("snapdragon-8gen3")
+TAU_SKIN = PROFILE.skin_heat_capacity_j_per_c * PROFILE.skin_to_ambient_c_per_w
+TAU_SOC = PROFILE.soc_heat_capacity_j_per_c * PROFILE.soc_to_skin_c_per_w
+
+
+def test_a_sustained_load_heats_the_skin_with_its_time_constant_and_throttles_at_throttle_c():
+    power = 6.0  # NPU + CPU lanes busy: above the ~4 W this phone sustains at its skin limit
+    rise = power * PROFILE.skin_to_ambient_c_per_w
+    thermal = Thermal(PROFILE)
+    assert thermal.advance(TAU_SKIN, power) == []
+    assert thermal.skin_c - PROFILE.ambient_c == pytest.approx(rise * (1 - math.exp(-1)), rel=0.05)
+    assert thermal.soc_c - thermal.skin_c == pytest.approx(power * PROFILE.soc_to_skin_c_per_w, rel=0.02)
+    seconds, events = TAU_SKIN, []
+    while not events:
+        events = thermal.advance(1.0, power)
+        seconds += 1.0
+    assert events == ["npu_clock_throttled"] and thermal.soc_c < PROFILE.junction_throttle_c  # the skin's limit
+    assert thermal.skin_c == pytest.approx(PROFILE.throttle_c, abs=0.05)
+    one_mass = -TAU_SKIN * math.log(1 - (PROFILE.throttle_c - PROFILE.ambient_c) / rise)
+    assert seconds == pytest.approx(one_mass, rel=0.05)
+
+
+def test_at_idle_the_soc_settles_in_seconds_and_the_skin_cools_with_its_time_constant():
+    thermal = Thermal(PROFILE)
+    thermal.advance(3 * TAU_SKIN, 6.0)
+    idle = PROFILE.idle_power_w
+    offset = thermal.soc_c - thermal.skin_c - idle * PROFILE.soc_to_skin_c_per_w  # SoC over body, above idle's
+    thermal.advance(TAU_SOC, idle)
+    assert thermal.soc_c - thermal.skin_c - idle * PROFILE.soc_to_skin_c_per_w == pytest.approx(
+        offset * math.exp(-1), rel=0.1)
+    floor = PROFILE.ambient_c + idle * PROFILE.skin_to_ambient_c_per_w
+    excess = thermal.skin_c - floor
+    events = thermal.advance(TAU_SKIN, idle)
+    assert thermal.skin_c - floor == pytest.approx(excess * math.exp(-1), rel=0.05)
+    assert events == ["npu_clock_restored"]  # 5 C under the limit by now
+
+
+def test_a_burst_trips_the_npu_junction_within_seconds_while_the_skin_is_still_cool():
+    thermal, seconds, events = Thermal(PROFILE), 0.0, []
+    while not events and seconds < 60:
+        events = thermal.advance(0.5, 16.0)
+        seconds += 0.5
+    assert events == ["npu_clock_throttled"] and seconds < 6 * TAU_SOC
+    assert thermal.soc_c >= PROFILE.junction_throttle_c and thermal.skin_c < PROFILE.throttle_c - 10
+
+
+def test_the_state_round_trips():
+    thermal = Thermal(PROFILE)
+    thermal.advance(100.0, 5.0)
+    copy = Thermal(PROFILE)
+    copy.load_state_dict(thermal.state_dict())
+    assert copy.advance(1.0, 5.0) == thermal.advance(1.0, 5.0) and copy.state_dict() == thermal.state_dict()
