@@ -2,7 +2,7 @@
 and CPU busy time) repeated for HOURS of phone time through the profile's thermal model, with the overnight job's
 cool-down pauses at overnight.max_temp_c. Prints when the NPU clock first throttled and what the night did.
 
-Why a projection: the emulator runs a SmolLM2 step ~30x slower than the phone would, so a night's steps cannot be
+Why a projection: the emulator runs a SmolLM2 step ~16x slower than the phone would, so a night's steps cannot be
 emulated here. The steps' numerics are not re-run; a throttled step's NPU time is its measured NPU time divided by
 the profile's throttle_clock (all of it on the critical path: an upper bound).
 
