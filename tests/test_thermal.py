@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from lcsb_cli.backends.npu_sim.device import load_profile
+from lcsb_cli.backends.npu_sim.device import DeviceModel, load_profile
 from lcsb_cli.backends.npu_sim.thermal import Thermal
 
 PROFILE = load_profile("snapdragon-8gen3")
@@ -76,3 +76,9 @@ def test_a_projected_night_throttles_when_the_closed_form_says_and_then_pauses_a
     assert night["first_throttle"]["minute"] * 60 == pytest.approx(one_mass, rel=0.05)
     assert night["cool_down_pauses"] >= 1 and 0.3 < night["training_share"] < 1
     assert night["final_skin_c"] <= 42.0 + 0.1  # the job never lets the skin run past max_temp_c
+
+
+def test_a_checkpoint_of_the_one_node_model_resumes_with_both_nodes_at_its_temperature():
+    device = DeviceModel(PROFILE)
+    device.load_state_dict({"temp_c": 43.0, "throttled": True, "throttled_s": 12.0})
+    assert (device.thermal.soc_c, device.temp_c, device.throttled, device.throttled_s) == (43.0, 43.0, True, 12.0)

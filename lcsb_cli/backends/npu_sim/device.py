@@ -158,5 +158,7 @@ class DeviceModel:
         return {"thermal": self.thermal.state_dict(), "throttled_s": self.throttled_s}
 
     def load_state_dict(self, state: dict) -> None:
-        self.thermal.load_state_dict(state["thermal"])
+        """Checkpoints from the one-node model (before the SoC node) resume with both nodes at their temperature."""
+        one_node = {"soc_c": state.get("temp_c"), "skin_c": state.get("temp_c"), "throttled": state.get("throttled")}
+        self.thermal.load_state_dict(state.get("thermal", one_node))
         self.throttled_s = state["throttled_s"]
