@@ -70,15 +70,33 @@ def test_a_projected_night_throttles_when_the_closed_form_says_and_then_pauses_a
     spec.loader.exec_module(script)
     step = {"sim_step_time_s": 0.2, "sim_npu_s": 0.04, "sim_cpu_s": 0.2}  # a SmolLM2 step's shape
     power = script.step_cost(step, PROFILE, throttled=False)[1] / 0.2
+    assert script.step_cost(step, PROFILE, throttled=True)[0] == pytest.approx(0.2 + 0.04 / PROFILE.throttle_clock - 0.04)
     night = script.night([step], PROFILE, max_temp_c=42.0, hours=1.0)
     rise = power * PROFILE.skin_to_ambient_c_per_w
     one_mass = -TAU_SKIN * math.log(1 - (PROFILE.throttle_c - PROFILE.ambient_c) / rise)
     assert night["first_throttle"]["minute"] * 60 == pytest.approx(one_mass, rel=0.05)
     assert night["cool_down_pauses"] >= 1 and 0.3 < night["training_share"] < 1
     assert night["final_skin_c"] <= 42.0 + 0.1  # the job never lets the skin run past max_temp_c
+    assert night["clock_restores"] == 0  # pauses end at 40 C, above the clock's 37 C: half clock for the rest
 
 
 def test_a_checkpoint_of_the_one_node_model_resumes_with_both_nodes_at_its_temperature():
     device = DeviceModel(PROFILE)
     device.load_state_dict({"temp_c": 43.0, "throttled": True, "throttled_s": 12.0})
     assert (device.thermal.soc_c, device.temp_c, device.throttled, device.throttled_s) == (43.0, 43.0, True, 12.0)
+
+
+def _at(soc_c: float, skin_c: float, throttled: bool) -> list[str]:
+    """The clock events of a phone put at these temperatures (no time passes)."""
+    thermal = Thermal(PROFILE)
+    thermal.load_state_dict({"soc_c": soc_c, "skin_c": skin_c, "throttled": throttled})
+    return thermal.advance(0.0, 0.0)
+
+
+def test_the_clock_comes_back_only_when_both_nodes_are_hysteresis_below_their_limits():
+    skin, junction, margin = PROFILE.throttle_c, PROFILE.junction_throttle_c, PROFILE.hysteresis_c
+    assert _at(30.0, skin, False) == ["npu_clock_throttled"] and _at(junction, 30.0, False) == ["npu_clock_throttled"]
+    assert _at(30.0, skin - 0.1, False) == [] and _at(junction - 0.1, 30.0, False) == []
+    assert _at(30.0, skin - margin + 0.1, True) == []  # below the limit, not yet by the hysteresis
+    assert _at(junction - margin + 0.1, 30.0, True) == []  # the skin is cool, the SoC is not
+    assert _at(junction - margin - 0.1, skin - margin - 0.1, True) == ["npu_clock_restored"]

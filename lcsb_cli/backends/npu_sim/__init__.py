@@ -29,6 +29,7 @@ class NpuSimBackend(CpuBackend):
         self.trainable = 0
         self.precisions: dict[str, str] = {}  # layer name -> product precision
         self._step = 0
+        self._idle_events: list[dict] = []  # clock events while the job paused, logged with the next step
 
     def make_executor(self) -> NpuExecutor:
         return NpuExecutor(self.config.weights, self.config.row_protection, self.config.overlap)
@@ -46,8 +47,13 @@ class NpuSimBackend(CpuBackend):
     def idle(self, seconds: float, sleep=None) -> bool:
         """Simulated cooling at the profile's idle power; no real time passes."""
         before = self.device_model.temp_c
-        self.device_model.advance(seconds, self.profile.idle_power_w)
+        events = self.device_model.advance(seconds, self.profile.idle_power_w)
+        self._idle_events += [self._thermal_event(e) for e in events]
         return self.device_model.temp_c < before - 1e-3  # else idle is as cool as this profile gets
+
+    def _thermal_event(self, event: str) -> dict:
+        device = self.device_model
+        return {"event": event, "sim_temp_c": device.temp_c, "sim_soc_temp_c": device.thermal.soc_c}
 
     def prepare(self, loaded) -> None:
         install(loaded.layers, self.executor, self.device_model)
@@ -72,8 +78,8 @@ class NpuSimBackend(CpuBackend):
         self.device_model.cpu([(10.0 * n, 28.0 * n)])
         metrics, thermal = self.device_model.end_step()
         step = self._step + 1
-        events = [{"step": step, "event": e, "sim_temp_c": metrics["sim_temp_c"],
-                   "sim_soc_temp_c": metrics["sim_soc_temp_c"]} for e in thermal]
+        events = [{"step": step, **e} for e in self._idle_events + [self._thermal_event(e) for e in thermal]]
+        self._idle_events.clear()
         calibration = self.executor.calibration
         if calibration is not None and step >= self.config.calibration_steps:
             chosen = calibration.choose(self.config.fp32_threshold)
