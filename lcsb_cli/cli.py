@@ -17,6 +17,7 @@ from .errors import BadInput, LcsbError
 from .paths import RECIPES_DIR
 from .recipe import Recipe, dump, load_recipe, replace_key
 from .run.rundir import check_output_dir
+from .runtime import set_verbose
 
 USAGE_ERROR = typer.BadParameter.__bases__[0]  # click's UsageError (typer may bundle its own click)
 
@@ -69,10 +70,13 @@ Overrides = Annotated[Optional[list[str]], typer.Argument(help="Dotted KEY=VALUE
 @app.callback()
 def main(
     debug: Annotated[bool, flag("--debug", help="Show the traceback of any error.")] = False,
+    verbose: Annotated[bool, flag("--verbose", "-v", help="Also show the libraries' log lines and warnings on "
+                                  "stderr (they always go to the run's lcsb.log).")] = False,
     version: Annotated[bool, typer.Option("--version", help="Print the version and exit.", metavar="",
                                           is_eager=True, callback=_print_version)] = False,
 ) -> None:
     STATE["debug"] = debug
+    set_verbose(verbose)
 
 
 def handled(fn):

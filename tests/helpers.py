@@ -15,19 +15,27 @@ REPO = Path(__file__).resolve().parent.parent
 LAMP2 = REPO / "tests" / "tiny.yaml"  # the shipped LaMP-2 recipe on the tiny random-init preset
 
 
-def lcsb(*args: str, cwd: Path = REPO, timeout: float = 120) -> subprocess.CompletedProcess:
-    """The CLI as a user runs it: a `python -m lcsb_cli` subprocess, offline, on the tests' model cache."""
+NOISY_MAIN = "import lcsb_cli, noisy_library; noisy_library.install(); from lcsb_cli.cli import app; app(prog_name='lcsb')"
+
+
+def lcsb(*args: str, cwd: Path = REPO, timeout: float = 120, noisy: bool = False) -> subprocess.CompletedProcess:
+    """The CLI as a user runs it: a `python -m lcsb_cli` subprocess, offline, on the tests' model cache. `noisy`:
+    with tests/noisy_library.py's stand-in library imported after lcsb, as its dependencies are."""
     env = {k: v for k, v in os.environ.items() if k not in ("FORCE_COLOR", "PYTHONWARNINGS", "CLICOLOR_FORCE")}
     env["HF_HUB_OFFLINE"] = "1"
     env["LCSB_CACHE"] = os.environ["LCSB_CACHE"]
-    return subprocess.run([sys.executable, "-m", "lcsb_cli", *args], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=timeout)
+    if noisy:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO / "tests"), env.get("PYTHONPATH")]))
+    main = ["-c", NOISY_MAIN] if noisy else ["-m", "lcsb_cli"]
+    return subprocess.run([sys.executable, *main, *args], cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=timeout)
 
 
-def cli(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
+def cli(*args: str, cwd: Path = REPO, setup=None) -> subprocess.CompletedProcess:
     """The CLI in this process, as `python -m lcsb_cli` calls it (`app(...)`, exit code from SystemExit), with stdout
     and stderr captured: what `lcsb()` returns without a fresh interpreter's ~10 s of imports. Libraries' import-time
-    output happens once per test process here, so a few cases also run through `lcsb()` (test_bad_input)."""
+    output happens once per test process here, so a few cases also run through `lcsb()` (test_bad_input). `setup`
+    runs inside the capture, before the command."""
     import transformers  # noqa: F401 - its log handler binds the real stderr before any capture starts
     from click.testing import CliRunner
 
@@ -38,6 +46,8 @@ def cli(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
     try:
         with CliRunner().isolation() as (out, err, _):
             try:
+                if setup is not None:  # inside the capture, as a library imported by this command would be
+                    setup()
                 app(args=list(args), prog_name="lcsb")
                 code = 0
             except SystemExit as exc:

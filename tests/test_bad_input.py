@@ -2,7 +2,9 @@
 traceback, and a refused command creates, changes or deletes nothing (in a finished run dir or anywhere else).
 
 Every case runs the CLI in the test process (helpers.cli); a case per verb also runs as a real `python -m lcsb_cli`
-subprocess and must print the same line, so nothing a fresh interpreter prints at import slips by. One finished run (the "fixture run") is built once per
+subprocess and must print the same line, so nothing a fresh interpreter prints at import slips by. Both run with a
+stand-in third-party library (tests/noisy_library.py) that logs and warns at import and while the model loads:
+lcsb's stderr holds its own line only. One finished run (the "fixture run") is built once per
 module; the cases that target it must leave it byte-identical. Cases that point at bad files read them from a
 shared, prepared directory, which must stay unchanged too; a case's new output paths live in its own tmp dir,
 which must stay empty.
@@ -19,8 +21,10 @@ from pathlib import Path
 import pytest
 
 from helpers import LAMP2, REPO, cli, lcsb, run_train
+from noisy_library import MARK, import_library, noisy_from_pretrained
 
 DATA = REPO / "recipes" / "data" / "lamp2"
+pytestmark = pytest.mark.filterwarnings(f"ignore:{MARK}")  # in this process pytest records them; fresh ones show
 def snapshot(root: Path) -> dict[str, str]:
     """Every path under root (dirs too, so an added empty or temp dir shows) with the sha256 of each file."""
     return {
@@ -78,6 +82,16 @@ def _write_bad_files(bad: Path, run: Path) -> None:
     (bad / "noadapter_run").mkdir()  # config.yaml and checkpoints, no adapter/ yet
     shutil.copy(run / "config.yaml", bad / "noadapter_run" / "config.yaml")
     shutil.copytree(run / "checkpoints", bad / "noadapter_run" / "checkpoints")
+
+
+@pytest.fixture
+def noisy(monkeypatch):
+    """The stand-in library for an in-process command: patched into model loading; returns its import."""
+    import transformers
+
+    monkeypatch.setattr(transformers.AutoConfig, "from_pretrained",
+                        noisy_from_pretrained(transformers.AutoConfig.from_pretrained))
+    return import_library
 
 
 @pytest.fixture(scope="module")
@@ -209,12 +223,12 @@ def fill(arg: str, places: dict[str, Path]) -> str:
 
 
 @pytest.mark.parametrize("args,needles", PARAMS)
-def test_bad_input_exits_2_with_one_line_and_touches_nothing(world, tmp_path, args, needles):
+def test_bad_input_exits_2_with_one_line_and_touches_nothing(world, tmp_path, noisy, args, needles):
     places = {"run": world / "run", "bad": world / "bad", "new": tmp_path / "new"}
     argv = [fill(a, places) for a in args]
     before = snapshot(world)
 
-    proc = cli(*argv)
+    proc = cli(*argv, setup=noisy)
 
     everything = proc.stdout + proc.stderr
     assert "Traceback" not in everything, everything
@@ -233,13 +247,24 @@ def test_bad_input_exits_2_with_one_line_and_touches_nothing(world, tmp_path, ar
 
 @pytest.mark.parametrize("case", ["misspelt-nested-key", "model-not-causal-lm", "eval-run-eval-file-missing",
                                   "export-run-without-adapter"])
-def test_a_fresh_process_prints_the_same_one_line(world, tmp_path, case):
+def test_a_fresh_process_prints_the_same_one_line(world, tmp_path, noisy, case):
     args = next(args for name, args, *_ in CASES if name == case)
     argv = [fill(a, {"run": world / "run", "bad": world / "bad", "new": tmp_path / "new"}) for a in args]
-    fresh, here = lcsb(*argv), cli(*argv)
+    fresh, here = lcsb(*argv, noisy=True), cli(*argv, setup=noisy)
     assert (fresh.returncode, fresh.stderr, fresh.stdout) == (here.returncode, here.stderr, here.stdout) == (
-        2, here.stderr, "")
+        2, here.stderr, ""), fresh.stderr
     assert len(fresh.stderr.splitlines()) == 1
+
+
+def test_verbose_shows_the_libraries_lines_too(world, tmp_path):
+    """The same bad input with -v: the stand-in library's records and warnings on stderr, then the error line."""
+    argv = ["-v", *[fill(a, {"bad": world / "bad", "new": tmp_path / "new"}) for a in
+                    next(args for name, args, *_ in CASES if name == "model-not-causal-lm")]]
+    proc = lcsb(*argv, noisy=True)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.splitlines()
+    assert sum(MARK in line for line in lines) == 5, proc.stderr
+    assert lines[-1].startswith("error:") and "not a causal language model" in lines[-1]
 
 
 def test_there_are_enough_cases():

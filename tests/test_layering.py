@@ -11,7 +11,7 @@ import lcsb_cli
 PACKAGE = Path(lcsb_cli.__file__).resolve().parent
 LAYERS = [  # a module may import modules of its own layer or of lower ones; a module's layer is that of the longest
     # name below lcsb_cli that the table holds (run.checkpoint before run)
-    {"selective", "errors", "atomic", "window", "paths"},
+    {"selective", "errors", "atomic", "window", "paths", "runtime"},
     {"recipe", "recipe_yaml"},
     {"methods", "model", "data", "backends", "report", "run.checkpoint", "run.distributed", "run.divergence",
      "run.summary"},

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from ..data import token_rows
 from ..recipe import Recipe
+from ..runtime import LOG_FILE, log_to
 from .labels import lamp2_metrics, majority_accuracy, predict
 from .text import generate_answers, held_out_loss, text_metrics
 
@@ -91,6 +92,8 @@ def run_eval(recipe: Recipe, output: Path, adapter: Path | None = None, run_dir:
     result = {"task": task_name(recipe), "format": recipe.data.format, "mode": recipe.eval.mode,
               **evaluated(recipe, adapter, run_dir), "profile_k": recipe.data.profile_k, **metrics}
     write_results(output, result, None if preds is None else predictions_file(items, preds, task_name(recipe)))
+    log_to(output / LOG_FILE)  # the libraries' records of this evaluation, beside its results
+    log_to(None)
     return result
 
 

@@ -18,6 +18,7 @@ from ..model.load import load_model, lora_parameters
 from ..model.losses import causal_lm_loss
 from ..model.memory import breakdown
 from ..recipe import Recipe
+from ..runtime import log_to
 from . import rundir
 from .distributed import SINGLE, World
 from .hooks import Hook, Reporter, Run, SilentReporter, hooks_for
@@ -38,11 +39,14 @@ def train(recipe: Recipe, run_dir: Path, reporter: Reporter, resume: bool = Fals
     if recipe.data.user == "all":
         raise ValueError("engine.train trains one adapter; per_user.train_per_user runs data.user: all")
     run_dir = Path(run_dir)
-    if job is not None:  # a user's run inside a per-user job: the job's owner waited for the window
-        return _train(recipe, run_dir, reporter, resume, force, adapter_dir, job, SINGLE, task, owner=False)
-    with owned_job(recipe, run_dir) as (job, world):
-        return _train(recipe, run_dir, reporter if world.is_main else SilentReporter(), resume, force, adapter_dir,
-                      job, world, task, owner=True)
+    try:
+        if job is not None:  # a user's run inside a per-user job: the job's owner waited for the window
+            return _train(recipe, run_dir, reporter, resume, force, adapter_dir, job, SINGLE, task, owner=False)
+        with owned_job(recipe, run_dir) as (job, world):
+            return _train(recipe, run_dir, reporter if world.is_main else SilentReporter(), resume, force,
+                          adapter_dir, job, world, task, owner=True)
+    finally:
+        log_to(None)  # the run's log file closes with the run
 
 
 def _train(recipe, run_dir, reporter, resume, force, adapter_dir, job, world, task, owner) -> dict:

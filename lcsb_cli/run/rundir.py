@@ -11,10 +11,11 @@ import yaml
 from ..atomic import write_text_atomic
 from ..errors import BadInput
 from ..recipe import Recipe, dump, recipe_from_dict, to_dict
+from ..runtime import LOG_FILE, log_to
 from .checkpoint import checkpoint_dirs
 
 RUN_FILES = ("config.yaml", "metrics.jsonl", "summary.json", "adapter", "checkpoints", "users", "adapters",
-             "eval.json", "predictions.json")
+             "eval.json", "predictions.json", LOG_FILE)
 # Keys a resumed run may change: they alter how long it runs or how it reports, never the math of a step.
 RESUMABLE_CHANGES = {"train.max_steps", "train.log_every", "train.save_every", "train.threads", "output_dir"}
 
@@ -64,13 +65,15 @@ def check_resume(run_dir: Path, recipe: Recipe) -> None:
 
 def claim(run_dir: Path, recipe: Recipe, resume: bool, resumed_step: int) -> None:
     """Take the checked run dir: a fresh run clears an old run's files (allowed by --force); both write the
-    resolved recipe; a resumed run drops metrics rows logged after its checkpoint."""
+    resolved recipe; a resumed run drops metrics rows logged after its checkpoint. From here on the libraries'
+    log records (those of the set-up too) go to the run's log file."""
     if resume:
         write_text_atomic(run_dir / "config.yaml", dump(recipe))
         if resumed_step:
             truncate_metrics(run_dir / "metrics.jsonl", resumed_step)
     else:
         prepare_fresh(run_dir, recipe)
+    log_to(run_dir / LOG_FILE)
 
 
 def truncate_metrics(path: Path, last_step: int) -> list[dict]:

@@ -1,0 +1,145 @@
+"""Process-wide settings made at `import lcsb_cli`, before any third-party import.
+
+- Library knobs that are read from the environment at import time.
+- No code from the network: transformers' hub kernels are switched off, and the `kernels` package (which
+  bitsandbytes calls directly on CPUs with AVX512-BF16) cannot be imported, so nothing fetches and runs kernel
+  code the user did not install.
+- lcsb owns stderr: third-party log records and Python warnings go to the run's log file (or nowhere before a
+  run directory exists); `--verbose` shows them on stderr too. Libraries that attach their own terminal handler
+  (transformers, datasets, huggingface_hub) are kept from doing so.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import sys
+import warnings
+from pathlib import Path
+
+LOG_FILE = "lcsb.log"  # in a run directory
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+PACKAGE_DIR = str(Path(__file__).resolve().parent)
+
+
+def _set_library_knobs() -> None:
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    # OpenMP threads that spin between parallel regions starve bitsandbytes' CPU kernels and the Python between
+    # them (the 4-bit 0.5B step took 15-49 s spinning); passive waiting sleeps instead. Read when torch loads OpenMP.
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    # bitsandbytes wraps its default kernels in torch.compile at import, which loads torch._inductor's compiler
+    # (41 MiB of RSS, measured); lcsb compiles nothing, and with dynamo disabled those wrappers run plain functions.
+    os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")
+
+
+def _block_hub_kernels() -> None:
+    """transformers' switch for its hub kernels, and no `kernels` module at all: bitsandbytes' CPU backend calls
+    `kernels.get_kernel(...)` itself, which downloads from the hub and imports what it got."""
+    os.environ["USE_HUB_KERNELS"] = "NO"
+    if sys.modules.get("kernels") is None:
+        sys.modules["kernels"] = None  # the import system's own "not importable" marker
+
+
+class _LibraryLogger(logging.Logger):
+    """The logger class of every library: it may not attach a handler that writes to the terminal, and its records
+    always propagate to the root, where lcsb decides where they go."""
+
+    def addHandler(self, handler: logging.Handler) -> None:  # noqa: N802 - logging's name
+        if not _writes_to_terminal(handler):
+            super().addHandler(handler)
+
+    @property
+    def propagate(self) -> bool:
+        return True
+
+    @propagate.setter
+    def propagate(self, value: bool) -> None:
+        pass
+
+
+def _writes_to_terminal(handler: logging.Handler) -> bool:
+    return type(handler) is logging.StreamHandler and handler.stream in (
+        sys.stderr, sys.stdout, sys.__stderr__, sys.__stdout__)
+
+
+def _adopt_existing_loggers() -> None:
+    for logger in list(logging.Logger.manager.loggerDict.values()):
+        if type(logger) is logging.Logger:
+            for handler in [h for h in logger.handlers if _writes_to_terminal(h)]:
+                logger.removeHandler(handler)
+            logger.__class__ = _LibraryLogger
+
+
+class ThirdPartyRecords(logging.Handler):
+    """The root handler: every record goes to the run's log file once one is attached (those from before are
+    kept until then, a bounded number), and to stderr with --verbose."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.setFormatter(logging.Formatter(LOG_FORMAT))
+        self.verbose = False
+        self.file = None
+        self.pending: collections.deque[str] = collections.deque(maxlen=2000)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            line = self.format(record)
+            if self.verbose:
+                sys.stderr.write(line + "\n")
+            if self.file is not None:
+                self.file.write(line + "\n")
+                self.file.flush()
+            else:
+                self.pending.append(line)
+        except Exception:  # noqa: BLE001 - logging's own contract: a failing handler reports, never raises
+            self.handleError(record)
+
+    def attach(self, path: Path | None) -> None:
+        if self.file is not None:
+            self.file.close()
+        self.file = None if path is None else open(path, "a", encoding="utf-8")  # noqa: SIM115 - kept open
+        if self.file is not None:
+            self.file.writelines(line + "\n" for line in self.pending)
+            self.file.flush()
+        self.pending.clear()
+
+
+RECORDS = ThirdPartyRecords()
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """Python warnings: lcsb's own (raised in its package) on stderr as one line; every other to the log."""
+    if str(filename).startswith(PACKAGE_DIR):
+        sys.stderr.write(f"warning: {message}\n")
+        return
+    logging.getLogger("py.warnings").warning("%s:%s: %s: %s", filename, lineno, category.__name__, message)
+
+
+def _own_stderr() -> None:
+    logging.setLoggerClass(_LibraryLogger)
+    _adopt_existing_loggers()
+    root = logging.getLogger()
+    if RECORDS not in root.handlers:
+        root.addHandler(RECORDS)
+    root.setLevel(logging.INFO)
+    warnings.showwarning = _show_warning
+
+
+def set_verbose(verbose: bool) -> None:
+    """Show records on stderr from now on, and those held since start-up (before the flag was parsed)."""
+    if verbose and not RECORDS.verbose:
+        sys.stderr.writelines(line + "\n" for line in RECORDS.pending)
+    RECORDS.verbose = verbose
+
+
+def log_to(path: Path | None) -> None:
+    """Send third-party records to `path` (appended; the ones held since the last call first), or, with None,
+    stop writing and drop what is held."""
+    RECORDS.attach(path)
+
+
+def install() -> None:
+    _set_library_knobs()
+    _block_hub_kernels()
+    _own_stderr()
