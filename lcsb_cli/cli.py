@@ -14,9 +14,9 @@ from rich.console import Console
 from rich.markup import escape
 
 from .errors import BadInput, LcsbError
-from .paths import RECIPES_DIR
-from .recipe import Recipe, dump, load_recipe, replace_key
-from .run.rundir import check_output_dir
+from .paths import RECIPES_DIR, recipe_file
+from .recipe import dump, load_recipe
+from .run.rundir import check_output_dir, resolve_target
 from .runtime import set_verbose
 
 USAGE_ERROR = typer.BadParameter.__bases__[0]  # click's UsageError (typer may bundle its own click)
@@ -104,12 +104,6 @@ def _fail(message, code: int):
     raise typer.Exit(code)
 
 
-def recipe_path(arg: str) -> Path:
-    path = Path(arg)
-    shipped = RECIPES_DIR / f"{arg}.yaml"
-    return shipped if not path.exists() and shipped.is_file() else path
-
-
 @app.command()
 @handled
 def train(
@@ -131,7 +125,7 @@ def train(
     from .run.engine import train as train_one
     from .run.per_user import train_per_user
 
-    loaded = load_recipe(recipe_path(recipe), overrides or [])
+    loaded = load_recipe(recipe_file(recipe), overrides or [])
     if output is not None:
         loaded.output_dir = str(output)
     if nproc > 1 and "WORLD_SIZE" not in os.environ:
@@ -152,7 +146,7 @@ def _launch(loaded, recipe: str, overrides: list[str], nproc: int, resume: bool,
     check_resume(run_dir, loaded) if resume else check_fresh(run_dir, force)
     check_parallel_method(loaded.method)
     flags = ["--output", str(run_dir)] + ["--resume"] * resume + ["--force"] * force
-    return launch(nproc, ["--debug"] * STATE["debug"] + ["train", str(recipe_path(recipe)), *overrides, *flags])
+    return launch(nproc, ["--debug"] * STATE["debug"] + ["train", str(recipe_file(recipe)), *overrides, *flags])
 
 
 @app.command("eval")
@@ -176,51 +170,6 @@ def eval_(
     recipe, adapter, run_dir = resolve_target(target, overrides or [], adapter)
     result = run_eval(recipe, output or run_dir or Path(recipe.output_dir), adapter, run_dir, Phases(err))
     out.print(eval_table(result))
-
-
-def resolve_target(target: str, overrides: list[str], adapter: Optional[Path], user: Optional[str] = None,
-                   model_dir_ok: bool = False) -> tuple[Recipe, Optional[Path], Optional[Path]]:
-    """(recipe, adapter, run dir) of eval's and generate's TARGET: a recipe file or shipped name (the base model, or
-    --adapter); a run dir (its config.yaml and adapter/, or adapters/USER/; a per-user run without --user: no
-    adapter); with model_dir_ok, a merged export (an HF dir without config.yaml: the default recipe on it)."""
-    path = Path(target)
-    if adapter is not None and user is not None:
-        raise BadInput("--adapter and --user both name an adapter; give one")
-    if not path.is_dir():
-        if not path.exists() and not recipe_path(target).is_file():
-            raise BadInput(f"{target}: not found; give a recipe file, a shipped recipe (`lcsb recipes`) or a run dir")
-        if user is not None:
-            raise BadInput("--user: picks a user's adapter in a per-user run dir; give the run dir")
-        return load_recipe(recipe_path(target), overrides), adapter, None
-    if (path / "config.yaml").is_file():
-        recipe = load_recipe(path / "config.yaml", overrides)
-        return recipe, adapter or run_adapter(path, recipe, user), path
-    if model_dir_ok and (path / "config.json").is_file():
-        return model_dir_recipe(path, overrides), adapter, None
-    merged = " or a merged model dir (config.json)" if model_dir_ok else ""
-    raise BadInput(f"{path}: not a run directory (no config.yaml); give a recipe, a run dir{merged}")
-
-
-def run_adapter(run_dir: Path, recipe: Recipe, user: Optional[str]) -> Optional[Path]:
-    """The run's adapter/, or adapters/USER/; None for a per-user run when no user is named."""
-    if user is not None:
-        adapter = run_dir / "adapters" / user
-        if not (adapter / "adapter_config.json").is_file():
-            raise BadInput(f"--user: {run_dir} has no adapter for user {user!r} (no {adapter})")
-        return adapter
-    if recipe.data.user == "all":
-        return None
-    if not (run_dir / "adapter").is_dir():
-        raise BadInput(f"{run_dir}: the run has no adapter/ yet; finish it with `lcsb train ... --resume`")
-    return run_dir / "adapter"
-
-
-def model_dir_recipe(model_dir: Path, overrides: list[str]) -> Recipe:
-    """A merged export carries no recipe: the defaults, with model.name pointing at it."""
-    if overrides:
-        raise BadInput(f"{model_dir}: a model dir takes no KEY=VALUE overrides; give a recipe and "
-                       f"model.name={model_dir} with them instead")
-    return replace_key(Recipe(name=model_dir.name), "model.name", str(model_dir.resolve()))
 
 
 @app.command()
@@ -266,7 +215,7 @@ def validate(recipe: RecipeArg, overrides: Overrides = None) -> None:
     """Check a recipe (and overrides) and print it resolved, every default filled in: the list of recipe keys.
 
     Examples: `lcsb validate lamp2` · `lcsb validate my.yaml train.lr=1e-4 quantization=nf4`."""
-    out.print(dump(load_recipe(recipe_path(recipe), overrides or [])), markup=False, highlight=False, end="",
+    out.print(dump(load_recipe(recipe_file(recipe), overrides or [])), markup=False, highlight=False, end="",
               soft_wrap=True)
 
 
@@ -291,7 +240,7 @@ def bench(
     from .bench.table import bench_rich
     from .report import Phases
 
-    loaded = load_recipe(recipe_path(recipe), overrides or [])
+    loaded = load_recipe(recipe_file(recipe), overrides or [])
     if not compare:
         raise BadInput("--compare: name at least one method, e.g. --compare full-backprop")
     method_names(loaded, compare, budget)

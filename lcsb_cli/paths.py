@@ -14,3 +14,9 @@ CONFIGS_DIR = SHIPPED / "configs"
 def cache_root() -> Path:
     """Where converted models and compiled NPU graphs are kept: $LCSB_CACHE, else ~/.cache/lcsb."""
     return Path(os.environ.get("LCSB_CACHE", Path.home() / ".cache" / "lcsb"))
+
+
+def recipe_file(arg: str) -> Path:
+    """A recipe argument as a path: the file given, or else the shipped recipe of that name (`lamp2`)."""
+    path, shipped = Path(arg), RECIPES_DIR / f"{arg}.yaml"
+    return shipped if not path.exists() and shipped.is_file() else path

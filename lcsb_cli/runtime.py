@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import collections
+import contextlib
 import logging
 import os
 import sys
@@ -95,7 +96,9 @@ class ThirdPartyRecords(logging.Handler):
         except Exception:  # noqa: BLE001 - logging's own contract: a failing handler reports, never raises
             self.handleError(record)
 
-    def attach(self, path: Path | None) -> None:
+    def attach(self, path: Path | None) -> Path | None:
+        """Write to `path` from now on (None: hold nothing, write nowhere); returns the path written before."""
+        previous = None if self.file is None else Path(self.file.name)
         if self.file is not None:
             self.file.close()
         self.file = None if path is None else open(path, "a", encoding="utf-8")  # noqa: SIM115 - kept open
@@ -103,6 +106,7 @@ class ThirdPartyRecords(logging.Handler):
             self.file.writelines(line + "\n" for line in self.pending)
             self.file.flush()
         self.pending.clear()
+        return previous
 
 
 RECORDS = ThirdPartyRecords()
@@ -137,6 +141,16 @@ def log_to(path: Path | None) -> None:
     """Send third-party records to `path` (appended; the ones held since the last call first), or, with None,
     stop writing and drop what is held."""
     RECORDS.attach(path)
+
+
+@contextlib.contextmanager
+def logging_into(path: Path):
+    """log_to(path) for a block, then back to the file written before (an eval inside a training run)."""
+    previous = RECORDS.attach(path)
+    try:
+        yield
+    finally:
+        RECORDS.attach(previous)
 
 
 def install() -> None:

@@ -110,7 +110,7 @@ def test_resume_skips_a_corrupt_newest_checkpoint_and_loses_no_step(runs, tmp_pa
 @pytest.mark.parametrize("victim", [STATE_FILE, ADAPTER_FILE])
 @pytest.mark.parametrize("damage", ["truncate", "flip", "delete"])
 def test_load_checkpoint_checks_every_file_against_the_manifest(tmp_path, victim, damage):
-    final = save_checkpoint(tmp_path, 3, *small(3), keep=3)
+    final = save_checkpoint(tmp_path / "checkpoints", 3, *small(3), keep=3)
     path = final / victim
     data = bytearray(path.read_bytes())
     if damage == "truncate":
@@ -146,7 +146,7 @@ def test_resume_with_every_checkpoint_corrupt_exits_2_and_changes_nothing(runs, 
     '{"step": 3, "files": null}', '{"step": 3, "files": 5}',
 ])
 def test_a_damaged_manifest_is_a_corrupt_checkpoint(tmp_path, text):
-    final = save_checkpoint(tmp_path, 3, *small(3), keep=3)
+    final = save_checkpoint(tmp_path / "checkpoints", 3, *small(3), keep=3)
     (final / MANIFEST).write_text(text)
     with pytest.raises(CorruptCheckpoint):
         load_checkpoint(final)
@@ -154,10 +154,10 @@ def test_a_damaged_manifest_is_a_corrupt_checkpoint(tmp_path, text):
 
 @pytest.mark.parametrize("stray", ["step-6.bak", "step-6-backup", "step-latest"])
 def test_checkpoint_dirs_ignores_dirs_not_named_step_n(tmp_path, stray):
-    final = save_checkpoint(tmp_path, 4, *small(4), keep=3)
+    final = save_checkpoint(tmp_path / "checkpoints", 4, *small(4), keep=3)
     shutil.copytree(final, tmp_path / "checkpoints" / stray)  # a user's backup copy, manifest and all
-    assert checkpoint_dirs(tmp_path) == [final]
-    save_checkpoint(tmp_path, 5, *small(5), keep=1)  # retention leaves what it did not write alone
+    assert checkpoint_dirs(tmp_path / "checkpoints") == [final]
+    save_checkpoint(tmp_path / "checkpoints", 5, *small(5), keep=1)  # retention leaves what it did not write alone
     assert (tmp_path / "checkpoints" / stray / MANIFEST).is_file()
 
 
@@ -168,7 +168,7 @@ def test_checkpoint_dirs_ignores_dirs_not_named_step_n(tmp_path, stray):
 def test_a_crash_while_writing_keeps_the_previous_checkpoint(tmp_path, monkeypatch, exc, next_step):
     run = tmp_path / "run"
     adapter, state = small(1)
-    save_checkpoint(run, 1, adapter, state, keep=3)
+    save_checkpoint(run / "checkpoints", 1, adapter, state, keep=3)
     before = snapshot(run)
     real_save = torch.save
     calls = []
@@ -182,13 +182,13 @@ def test_a_crash_while_writing_keeps_the_previous_checkpoint(tmp_path, monkeypat
 
     monkeypatch.setattr(torch, "save", crashing_save)
     with pytest.raises(type(exc)):
-        save_checkpoint(run, next_step, *small(next_step), keep=3)
+        save_checkpoint(run / "checkpoints", next_step, *small(next_step), keep=3)
     monkeypatch.undo()
 
     assert calls and calls[0].parent.name.startswith(f".step-{next_step}-")  # it crashed inside the temp dir
     assert names(run) == ["step-1"]  # no .tmp-* left behind, no half step-2
     assert snapshot(run) == before
-    assert checkpoint_dirs(run) == [run / "checkpoints" / "step-1"]
+    assert checkpoint_dirs(run / "checkpoints") == [run / "checkpoints" / "step-1"]
     loaded_adapter, loaded_state = load_checkpoint(run / "checkpoints" / "step-1")
     assert_same_tensors(loaded_adapter, adapter)
     assert_state_equal(loaded_state, state)
@@ -234,7 +234,7 @@ def test_a_state_file_that_would_run_code_is_refused(tmp_path, kind):
     assert control.read_text() == "pwned"
 
     marker = tmp_path / "marker"
-    final = save_checkpoint(tmp_path / "run", 2, *small(2), keep=3)
+    final = save_checkpoint(tmp_path / "run" / "checkpoints", 2, *small(2), keep=3)
     _plant(final, _evil_bytes(kind, marker))
     with pytest.raises(BadInput, match="refused") as info:
         load_checkpoint(final)
@@ -266,11 +266,11 @@ def test_cli_resume_refuses_a_run_whose_only_checkpoint_would_run_code(runs, tmp
 
 def test_save_checkpoint_keeps_the_newest_and_lists_both_checksums(tmp_path):
     for step in (8, 9, 10, 11, 12):  # across a digit boundary: "step-9" sorts after "step-12" as text
-        save_checkpoint(tmp_path, step, *small(step), keep=3)
+        save_checkpoint(tmp_path / "checkpoints", step, *small(step), keep=3)
     root = tmp_path / "checkpoints"
-    assert checkpoint_dirs(tmp_path) == [root / "step-12", root / "step-11", root / "step-10"]
+    assert checkpoint_dirs(tmp_path / "checkpoints") == [root / "step-12", root / "step-11", root / "step-10"]
     assert names(tmp_path) == ["step-10", "step-11", "step-12"]  # nothing else: no temp dirs, no old steps
-    for final in checkpoint_dirs(tmp_path):
+    for final in checkpoint_dirs(tmp_path / "checkpoints"):
         step = int(final.name.split("-")[1])
         assert sorted(p.name for p in final.iterdir()) == sorted([ADAPTER_FILE, STATE_FILE, MANIFEST])
         manifest = json.loads((final / MANIFEST).read_text())
@@ -281,5 +281,5 @@ def test_save_checkpoint_keeps_the_newest_and_lists_both_checksums(tmp_path):
         assert_same_tensors(adapter, expected_adapter)
         assert state["step"] == step and torch.equal(state["optimizer"]["state"][0]["exp_avg"], torch.ones(3) * step)
 
-    save_checkpoint(tmp_path, 13, *small(13), keep=1)
+    save_checkpoint(tmp_path / "checkpoints", 13, *small(13), keep=1)
     assert names(tmp_path) == ["step-13"]

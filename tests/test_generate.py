@@ -12,7 +12,7 @@ import pytest
 import torch
 from helpers import LAMP2, REPO, cli, run_train
 
-from lcsb_cli.cli import resolve_target
+from lcsb_cli.run.rundir import resolve_target
 from lcsb_cli.errors import BadInput
 from lcsb_cli.generate import chat_prompt_ids, generate_ids, generate_texts
 from lcsb_cli.model.load import load_model, load_tokenizer

@@ -14,7 +14,7 @@ LAYERS = [  # a module may import modules of its own layer or of lower ones; a m
     {"selective", "errors", "atomic", "window", "paths", "runtime"},
     {"recipe", "recipe_yaml"},
     {"methods", "model", "data", "backends", "report", "run.checkpoint", "run.distributed", "run.divergence",
-     "run.summary"},
+     "run.rundir", "run.summary"},
     {"run", "evaluate", "bench", "generate"},
     {"cli", "__main__"},
 ]

@@ -152,14 +152,3 @@ def test_trust_remote_code_is_off_by_default_and_warns_when_turned_on():
     assert recipe.model.trust_remote_code is False
     with pytest.warns(UserWarning, match="trust_remote_code is on"):
         load_model(load_recipe(LAMP2, ["model.trust_remote_code=true"]), torch.device("cpu"))
-
-
-def test_only_bitsandbytes_known_kernel_note_is_silenced(caplog):
-    import logging
-
-    ops = logging.getLogger("bitsandbytes.backends.cpu.ops")
-    with caplog.at_level(logging.WARNING):
-        ops.warning("Failed to load CPU gemm_4bit_forward from kernels-community: %s. Please make sure", "no hub")
-        ops.warning("a real warning")
-        logging.getLogger("bitsandbytes").warning("another real one")
-    assert [r.getMessage() for r in caplog.records] == ["a real warning", "another real one"]

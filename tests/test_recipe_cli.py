@@ -293,6 +293,6 @@ def test_check_resume_allows_only_harmless_changes(tmp_path):
     longer = rc.load_recipe(LAMP2, ["data.user=null", f"output_dir={run}", "train.max_steps=100"])
     rundir.check_resume(run, longer)
     assert snapshot(run) == before  # checking writes nothing; claim() does, once set-up has passed
-    assert checkpoint_dirs(run)[0] == run / "checkpoints" / "step-10"  # newest, numerically
+    assert checkpoint_dirs(run / "checkpoints")[0] == run / "checkpoints" / "step-10"  # newest, numerically
     rundir.claim(run, longer, resume=True, resumed_step=0)
     assert rc.recipe_from_dict(yaml.safe_load((run / "config.yaml").read_text())) == longer

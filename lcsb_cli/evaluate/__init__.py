@@ -9,7 +9,8 @@ from pathlib import Path
 
 from ..data import token_rows
 from ..recipe import Recipe
-from ..runtime import LOG_FILE, log_to
+from ..run.rundir import RunDir
+from ..runtime import logging_into
 from .labels import lamp2_metrics, majority_accuracy, predict
 from .text import generate_answers, held_out_loss, text_metrics
 
@@ -62,12 +63,15 @@ def predictions_file(items: Sequence, preds: Sequence[str], task: str) -> dict:
 
 
 def write_results(output: Path, result: dict, predictions: dict | None) -> None:
+    """eval.json and predictions.json, under `output`'s writer lock, with the libraries' records of this
+    evaluation in its log file."""
     from ..atomic import write_json_atomic
 
-    output.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(output / "eval.json", result)
-    if predictions is not None:
-        write_json_atomic(output / "predictions.json", predictions)
+    run = RunDir(output)
+    with run.writer(), logging_into(run.log):
+        write_json_atomic(run.eval_json, result)
+        if predictions is not None:
+            write_json_atomic(run.predictions, predictions)
 
 
 def run_eval(recipe: Recipe, output: Path, adapter: Path | None = None, run_dir: Path | None = None,
@@ -78,6 +82,7 @@ def run_eval(recipe: Recipe, output: Path, adapter: Path | None = None, run_dir:
     from ..data import load_task
     from ..model.load import load_model
 
+    RunDir(output).check_no_writer()  # before the evaluation, not after it
     backend = get_backend(recipe.backend, recipe.npu_sim)
     loaded = load_model(recipe, backend.device, adapter)
     backend.prepare(loaded)
@@ -92,8 +97,6 @@ def run_eval(recipe: Recipe, output: Path, adapter: Path | None = None, run_dir:
     result = {"task": task_name(recipe), "format": recipe.data.format, "mode": recipe.eval.mode,
               **evaluated(recipe, adapter, run_dir), "profile_k": recipe.data.profile_k, **metrics}
     write_results(output, result, None if preds is None else predictions_file(items, preds, task_name(recipe)))
-    log_to(output / LOG_FILE)  # the libraries' records of this evaluation, beside its results
-    log_to(None)
     return result
 
 
@@ -102,10 +105,10 @@ def evaluated(recipe: Recipe, adapter: Path | None, run_dir: Path | None) -> dic
     from ..recipe import to_dict
 
     per_user = recipe.data.user == "all" and run_dir is not None and adapter is None
-    what = (f"per-user adapters in {run_dir / 'adapters'}" if per_user else f"adapter {adapter}" if adapter
+    what = (f"per-user adapters in {RunDir(run_dir).adapters}" if per_user else f"adapter {adapter}" if adapter
             else f"base model {recipe.model.name}")
     return {"evaluated": what, "model": recipe.model.name, "adapter": str(adapter) if adapter else None,
-            "adapters": str(run_dir / "adapters") if per_user else None,
+            "adapters": str(RunDir(run_dir).adapters) if per_user else None,
             "run_dir": str(run_dir) if run_dir else None, "recipe": to_dict(recipe)}
 
 
@@ -116,14 +119,14 @@ def _per_user_eval(loaded, recipe: Recipe, run_dir: Path | None, phase=silent):
     items, preds, per_user, hits = [], [], {}, 0
     for user_id, user_questions in users(recipe).items():
         if run_dir is not None:
-            _load_user_adapter(loaded.model, run_dir / "adapters" / user_id)
+            _load_user_adapter(loaded.model, RunDir(run_dir).user_adapter(user_id))
         with phase(user_id, len(user_questions)) as advance:
             user_preds, metrics = evaluate_items(loaded.model, loaded.tokenizer, user_questions, recipe, TAGS)
             advance(len(user_questions))
         majority = majority_accuracy([q.output for q in user_profile_questions(user_questions)],
                                      [q.output for q in user_questions])
         per_user[user_id] = {**summary_row(metrics), "majority_accuracy": majority,
-                             "adapter": str(run_dir / "adapters" / user_id) if run_dir is not None else None}
+                             "adapter": str(RunDir(run_dir).user_adapter(user_id)) if run_dir is not None else None}
         hits += round(majority * len(user_questions))
         items += user_questions
         preds += user_preds

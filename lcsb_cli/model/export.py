@@ -9,7 +9,8 @@ import torch
 
 from .. import atomic
 from ..errors import BadInput
-from ..recipe import load_recipe, replace_key
+from ..recipe import replace_key
+from ..run.rundir import finished_run
 from . import gguf_out
 
 FORMATS = ("hf", "gguf")
@@ -18,14 +19,8 @@ FORMATS = ("hf", "gguf")
 def export_run(run_dir: Path, output: Path, merge: bool = False, user: str | None = None, fmt: str = "hf",
                outtype: str | None = None) -> Path:
     """Write `output` atomically (a new or empty dir; for GGUF a new file), filled beside it and renamed."""
-    if not (run_dir / "config.yaml").is_file():
-        raise BadInput(f"{run_dir}: not a run directory (no config.yaml)")
-    adapter = run_dir / "adapters" / user if user else run_dir / "adapter"
-    if not (adapter / "adapter_config.json").is_file():
-        hint = " (a per-user run: pass --user ID)" if (run_dir / "adapters").is_dir() and not user else ""
-        raise BadInput(f"{adapter}: no adapter to export{hint}; finish the run first")
+    recipe, adapter = finished_run(run_dir, user)
     _check_format(fmt, outtype, merge)
-    recipe = load_recipe(run_dir / "config.yaml")
     if fmt == "gguf":
         if output.exists():
             raise BadInput(f"--output: {output} exists; name a new .gguf file")

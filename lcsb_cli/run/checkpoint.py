@@ -20,9 +20,8 @@ STATE_FILE = "state.pt"
 MANIFEST = "manifest.json"
 
 
-def checkpoint_dirs(run_dir: Path) -> list[Path]:
-    """Finished checkpoints, newest first."""
-    root = run_dir / "checkpoints"
+def checkpoint_dirs(root: Path) -> list[Path]:
+    """Finished checkpoints under `root` (a run's checkpoints/), newest first."""
     found = [p for p in root.glob("step-*") if step_of(p) is not None and (p / MANIFEST).is_file()] if root.is_dir() else []
     return sorted(found, key=step_of, reverse=True)
 
@@ -33,7 +32,7 @@ def step_of(path: Path) -> int | None:
     return int(match.group(1)) if match else None
 
 
-def save_checkpoint(run_dir: Path, step: int, adapter: dict[str, torch.Tensor], state: dict, keep: int) -> Path:
+def save_checkpoint(root: Path, step: int, adapter: dict[str, torch.Tensor], state: dict, keep: int) -> Path:
     import torch
     from safetensors.torch import save_file
 
@@ -43,9 +42,9 @@ def save_checkpoint(run_dir: Path, step: int, adapter: dict[str, torch.Tensor], 
         files = {name: _sha256(tmp / name) for name in (ADAPTER_FILE, STATE_FILE)}
         write_json_atomic(tmp / MANIFEST, {"step": step, "files": files})
 
-    final = run_dir / "checkpoints" / f"step-{step}"
+    final = root / f"step-{step}"
     write_dir(final, fill, replace=True)
-    for old in checkpoint_dirs(run_dir)[keep:]:
+    for old in checkpoint_dirs(root)[keep:]:
         shutil.rmtree(old, ignore_errors=True)
     return final
 

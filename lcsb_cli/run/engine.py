@@ -20,6 +20,7 @@ from ..model.memory import breakdown
 from ..recipe import Recipe
 from ..runtime import log_to
 from . import rundir
+from .rundir import RunDir
 from .distributed import SINGLE, World
 from .hooks import Hook, Reporter, Run, SilentReporter, hooks_for
 from .job import Job, owned_job, write_report
@@ -53,25 +54,30 @@ def _train(recipe, run_dir, reporter, resume, force, adapter_dir, job, world, ta
     started = time.perf_counter()
 
     def setup() -> tuple[Run, int]:
-        snapshot_dir = run_dir / ("snapshot" if world.rank == 0 else f"snapshot-rank{world.rank}")  # ranks never share
-        trainer, loaded, task_data = build_trainer(recipe, world, task, snapshot_dir)
+        trainer, loaded, task_data = build_trainer(recipe, world, task, RunDir(run_dir).snapshot(world.rank))
         first_step, wall_before, notes = resume_state(run_dir, trainer) if resume else (0, 0.0, [])
-        run = Run(recipe, run_dir, trainer, loaded, task_data, job, reporter, adapter_dir or run_dir / "adapter",
+        run = Run(recipe, run_dir, trainer, loaded, task_data, job, reporter, adapter_dir or RunDir(run_dir).adapter,
                   first_step, wall_before, notes)
         return run, first_step
 
-    run = rundir.open_run(run_dir, recipe, resume, force, world, setup, job if owner else None)
-    if run is None:
-        return {"stopped": job.signals.requested, "steps": 0}
-    run.load_time_s = time.perf_counter() - started
-    run.reporter.on_start({"recipe": recipe, "run_dir": run_dir, "first_step": run.first_step, "notes": run.notes,
-                           "params": sum(p.numel() for p in run.trainer.params), "layers": len(run.loaded.layers)})
-    if world.is_main and recipe.overnight.report and job.state["eval_before"] is None:
-        job.state["eval_before"] = run.held_out_metrics()
+    with rundir.opened_run(run_dir, recipe, resume, force, world, setup, job if owner else None) as run:
+        if run is None:
+            return {"stopped": job.signals.requested, "steps": 0}
+        run.load_time_s = time.perf_counter() - started
+        return _run_claimed(run)
+
+
+def _run_claimed(run: Run) -> dict:
+    """The run once its dir is claimed: before-eval of an overnight job, the loop, the finish."""
+    run.reporter.on_start({"recipe": run.recipe, "run_dir": run.run_dir, "first_step": run.first_step,
+                           "notes": run.notes, "params": sum(p.numel() for p in run.trainer.params),
+                           "layers": len(run.loaded.layers)})
+    if run.world.is_main and run.recipe.overnight.report and run.job.state["eval_before"] is None:
+        run.job.state["eval_before"] = run.held_out_metrics()
     run_steps(run, hooks_for(run))
     summary = _finish(run)
     run.reporter.on_end(summary)
-    world.barrier()  # no rank leaves before rank 0 has written the run's files
+    run.world.barrier()  # no rank leaves before rank 0 has written the run's files
     if run.diverged:
         raise run.diverged
     return summary
@@ -132,7 +138,7 @@ def _finish(run: Run) -> dict:
         return {"steps": run.done, "rank": run.world.rank}
     if not (run.diverged and run.recipe.divergence.snapshot == "none"):  # no snapshot: the weights are the diverged
         save_adapter(run.loaded.model, run.adapter_dir)
-    summary = summarize(rundir.read_metrics(run.run_dir / "metrics.jsonl"), run.trainer.method, run.wall_time_s())
+    summary = summarize(rundir.read_metrics(RunDir(run.run_dir).metrics), run.trainer.method, run.wall_time_s())
     summary["diverged"] = run.diverged is not None
     summary["memory"] = breakdown(run.loaded.model, run.loaded.probe, run.loaded.runtime_mb,
                                   run.trainer.backend.held_weights())
@@ -150,7 +156,7 @@ def _finish(run: Run) -> dict:
         summary["eval_after"] = None if signalled else run.held_out_metrics()
         write_report(run.run_dir, run.recipe, run.job.state, summary, summary["eval_after"], run.adapter_dir,
                      run.task.skipped)
-    write_json_atomic(run.run_dir / "summary.json", summary)
+    write_json_atomic(RunDir(run.run_dir).summary, summary)
     run.job.save()
     return summary
 

@@ -17,6 +17,7 @@ from pathlib import Path
 from ..atomic import write_json_atomic
 from ..window import parse_window
 from .distributed import check_parallel_method, init_world
+from .rundir import RunDir
 
 COOL_MARGIN_C = 2.0  # a paused job resumes this far below overnight.max_temp_c
 
@@ -46,7 +47,7 @@ class Job:
 
     def __init__(self, config, run_dir: Path, clock=time.monotonic, now=dt.datetime.now, sleep=time.sleep,
                  writes: bool = True):
-        self.config, self.path, self.writes = config, run_dir / "job.json", writes
+        self.config, self.path, self.writes = config, RunDir(run_dir).job, writes
         self.window = parse_window(config.window) if config.window else None
         self.clock, self.now, self.sleep = clock, now, sleep
         self.started = clock()
@@ -127,8 +128,8 @@ def write_report(run_dir: Path, recipe, state: dict, summary: dict, eval_after: 
         "lines_skipped": len(skipped), "skipped": [{"line": line, "reason": reason} for line, reason in skipped],
         "adapter": str(adapter_dir), "events": summary["events"],
     }
-    write_json_atomic(run_dir / "report.json", report)
-    write_text_atomic(run_dir / "report.md", report_markdown(report, recipe))
+    write_json_atomic(RunDir(run_dir).report_json, report)
+    write_text_atomic(RunDir(run_dir).report_md, report_markdown(report, recipe))
     return report
 
 

@@ -12,6 +12,7 @@ from ..errors import Diverged
 from ..model.memory import reset_peak_rss
 from ..recipe import Recipe, replace_key
 from . import rundir
+from .rundir import RunDir
 from .distributed import World
 from .engine import train
 from .hooks import SilentReporter
@@ -31,25 +32,28 @@ def train_per_user(recipe: Recipe, run_dir: Path, reporter, resume: bool = False
 
 
 def _fan_out(recipe: Recipe, run_dir: Path, reporter, resume: bool, force: bool, job: Job, world: World) -> dict:
-    tasks = rundir.open_run(run_dir, recipe, resume, force, world, lambda: (user_tasks(recipe), 0), job)
-    if tasks is None:
-        return {"stopped": job.signals.requested, "steps": 0}
+    with rundir.opened_run(run_dir, recipe, resume, force, world, lambda: (user_tasks(recipe), 0), job) as tasks:
+        if tasks is None:
+            return {"stopped": job.signals.requested, "steps": 0}
+        return _train_users(recipe, RunDir(run_dir), reporter, resume, job, world, tasks)
+
+
+def _train_users(recipe: Recipe, run: RunDir, reporter, resume: bool, job: Job, world: World, tasks: dict) -> dict:
     user_ids = list(tasks)
     if recipe.overnight.report and world.is_main and job.state["eval_before"] is None:
-        job.state["eval_before"] = _users_eval(recipe, run_dir / "eval-before", None)
+        job.state["eval_before"] = _users_eval(recipe, run.eval_before, None)
         job.save()
     for user_id in user_ids[world.rank::world.size]:
-        sub_dir = run_dir / "users" / user_id
-        if _finished_summary(sub_dir):
+        sub = run.user(user_id)
+        if _finished_summary(sub):
             continue
         user_reporter = reporter.for_user(user_id) if hasattr(reporter, "for_user") else reporter
         try:
             gc.collect()  # the previous user's model sits in reference cycles: free it before the next loads
             reset_peak_rss()  # each user's summary holds its own peak, not the process's so far
             user_recipe = replace_key(replace_key(recipe, "data.user", user_id), "overnight.report", False)
-            summary = train(user_recipe, sub_dir, user_reporter,
-                            resume=resume and rundir.holds_run(sub_dir), force=True,
-                            adapter_dir=run_dir / "adapters" / user_id, job=job, task=tasks[user_id])
+            summary = train(user_recipe, sub.root, user_reporter, resume=resume and sub.holds_run(), force=True,
+                            adapter_dir=run.user_adapter(user_id), job=job, task=tasks[user_id])
         except Diverged as exc:
             raise Diverged(f"user {user_id} (users/{user_id}): {exc}") from exc
         if summary.get("stopped"):
@@ -57,24 +61,23 @@ def _fan_out(recipe: Recipe, run_dir: Path, reporter, resume: bool, force: bool,
     world.barrier()
     if not world.is_main:
         return {"rank": world.rank}
-    return _per_user_summary(recipe, run_dir, user_ids, reporter, job)
+    return _per_user_summary(recipe, run, user_ids, reporter, job)
 
 
-def _per_user_summary(recipe: Recipe, run_dir: Path, user_ids: list[str], reporter, job: Job) -> dict:
+def _per_user_summary(recipe: Recipe, run: RunDir, user_ids: list[str], reporter, job: Job) -> dict:
     """Totals over the users' runs on disk; `stopped` while any user's run is unfinished. With overnight.report,
     the held-out metrics before (the base) and after (each user's adapter) go into it and report.json/md."""
-    summaries = [json.loads((run_dir / "users" / u / "summary.json").read_text()) for u in user_ids
-                 if (run_dir / "users" / u / "summary.json").is_file()]
+    summaries = [json.loads(run.user(u).summary.read_text()) for u in user_ids if run.user(u).summary.is_file()]
     summary = {**(aggregate(summaries) if summaries else {"steps": 0}), "users": len(summaries),
-               "max_steps": recipe.train.max_steps * len(user_ids), "run_dir": str(run_dir)}
+               "max_steps": recipe.train.max_steps * len(user_ids), "run_dir": str(run.root)}
     stopped = next((s["stopped"] for s in summaries if s.get("stopped")), None)
     if stopped or len(summaries) < len(user_ids):
         summary["stopped"] = stopped or "not every user trained"
     if recipe.overnight.report and summaries:
         summary["eval_before"] = job.state["eval_before"]
-        summary["eval_after"] = None if summary.get("stopped") else _users_eval(recipe, run_dir, run_dir)
-        write_report(run_dir, recipe, job.state, summary, summary["eval_after"], run_dir / "adapters", [])
-    write_json_atomic(run_dir / "summary.json", summary)
+        summary["eval_after"] = None if summary.get("stopped") else _users_eval(recipe, run.root, run.root)
+        write_report(run.root, recipe, job.state, summary, summary["eval_after"], run.adapters, [])
+    write_json_atomic(run.summary, summary)
     reporter.on_end(summary)
     return summary
 
@@ -86,7 +89,6 @@ def _users_eval(recipe: Recipe, output: Path, run_dir: Path | None) -> dict:
     return summary_row(run_eval(recipe, output, None, run_dir))
 
 
-def _finished_summary(run_dir: Path) -> dict | None:
-    path = run_dir / "summary.json"
-    summary = json.loads(path.read_text()) if path.is_file() else None
+def _finished_summary(run: RunDir) -> dict | None:
+    summary = json.loads(run.summary.read_text()) if run.summary.is_file() else None
     return None if summary is None or summary.get("stopped") else summary

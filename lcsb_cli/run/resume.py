@@ -10,6 +10,7 @@ from peft import get_peft_model_state_dict, set_peft_model_state_dict
 from ..atomic import write_dir
 from ..errors import BadInput
 from .checkpoint import CorruptCheckpoint, checkpoint_dirs, load_checkpoint, save_checkpoint, step_of
+from .rundir import RunDir
 
 KEEP_CHECKPOINTS = 3
 
@@ -22,13 +23,14 @@ def save_state(run_dir: Path, step: int, trainer, wall_time_s: float) -> None:
         "rng": {"torch": torch.get_rng_state(),
                 "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []},
     }
-    save_checkpoint(run_dir, step, get_peft_model_state_dict(trainer.model, save_embedding_layers=False), state, keep=KEEP_CHECKPOINTS)
+    adapter = get_peft_model_state_dict(trainer.model, save_embedding_layers=False)
+    save_checkpoint(RunDir(run_dir).checkpoints, step, adapter, state, keep=KEEP_CHECKPOINTS)
 
 
 def resume_state(run_dir: Path, trainer) -> tuple[int, float, list[dict]]:
     """Restore the newest intact checkpoint; a corrupt one (checksum mismatch) is skipped and reported."""
     notes = []
-    for path in checkpoint_dirs(run_dir):
+    for path in checkpoint_dirs(RunDir(run_dir).checkpoints):
         try:
             adapter, state = load_checkpoint(path)
         except CorruptCheckpoint as exc:
