@@ -1,4 +1,4 @@
-"""Exceptions that map to the CLI's exit codes (DESIGN.md: 2 bad input, 3 diverged, 1 other)."""
+"""Exceptions that map to the CLI's exit codes (README, Commands: 2 bad input, 3 diverged, 1 other)."""
 
 
 class LcsbError(Exception):

@@ -46,7 +46,7 @@ class FullBackprop(Method):
 
 
 class Lcsb(Method):
-    """Layer-cyclic selective backprop: one block of layers trains per step (DESIGN.md, LCSB semantics)."""
+    """Layer-cyclic selective backprop: one block of layers trains per step (docs/ARCHITECTURE.md, the core)."""
 
     name = "lcsb"
 

@@ -158,7 +158,7 @@ CASES = [
     ("override-without-equals", [V, R, "train.max_steps"], ["train.max_steps", "key=value"]),
     ("override-empty-key", [V, R, "=5"], ["key=value"]),
     ("override-into-a-value", [V, R, "train.max_steps.x=3"], ["max_steps", "not a section"]),
-    # --- flags (click's usage errors are bad input too: DESIGN.md "flags")
+    # --- flags (click's usage errors are bad input too, as README's exit codes say)
     ("unknown-flag", [T, R, "--bogus"], ["--bogus"]),
     ("missing-required-option", [X, "{run}"], ["--output"]),
     # --- the model (train: fails after set-up starts, before anything is written)
