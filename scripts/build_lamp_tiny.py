@@ -17,7 +17,7 @@ import torch
 import yaml
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, get_cosine_schedule_with_warmup
 
-from lcsb_cli.data.synthetic import pretrain_documents
+from synthetic import pretrain_documents
 from lcsb_cli.model.load import PRESET_DIR, TOKENIZER_DIR
 
 SHAPE = PRESET_DIR / "lamp-tiny.yaml"
@@ -80,7 +80,7 @@ def model_card(args, spec, data: torch.Tensor, final_loss: float, seconds: float
     return f"""# lamp-tiny
 
 A small Qwen2-style causal LM pretrained by `scripts/build_lamp_tiny.py` on the project's synthetic movie
-corpus (`lcsb_cli.data.synthetic.pretrain_documents`: runs of `the tag for the movie: "..." is "..."`
+corpus (`pretrain_documents` in `scripts/synthetic.py`: runs of `the tag for the movie: "..." is "..."`
 statements by synthetic users with their own tag habits, LaMP-2 questions answered with a user's tag, and plain
 movie blurbs). Its users are not the sample's, and it never saw a question beside its asker's profile: it knows
 a population's cue -> tag habits, not any one user's. Weights are bf16 safetensors.

@@ -1,6 +1,6 @@
 """Train the offline byte-level BPE tokenizer (vocab 4096) and save it to configs/tokenizers/lcsb-bpe/.
 
-Deterministic: the corpus comes from lcsb_cli.data.synthetic.corpus_lines(seed), the trainer runs
+Deterministic: the corpus comes from corpus_lines(seed) in scripts/synthetic.py, the trainer runs
 single-threaded, and two runs give byte-identical tokenizer.json.
 Usage: python scripts/build_tokenizer.py [--out DIR] [--seed N]
 """
@@ -22,7 +22,7 @@ sys.path.insert(0, str(ROOT))
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers  # noqa: E402
 from transformers import PreTrainedTokenizerFast  # noqa: E402
 
-from lcsb_cli.data.synthetic import corpus_lines  # noqa: E402
+from synthetic import corpus_lines  # noqa: E402
 
 SPECIAL = ["<|endoftext|>", "<|pad|>"]
 # A plain-text chat layout (the vocabulary has no chat tokens): each turn ends with EOS, so a reply stops there.

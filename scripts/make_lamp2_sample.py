@@ -13,7 +13,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from lcsb_cli.data.synthetic import corpus_lines, write_lamp2_sample  # noqa: E402,F401  (corpus_lines re-exported)
+from synthetic import corpus_lines, write_lamp2_sample  # noqa: E402,F401  (corpus_lines re-exported)
 
 
 def main(argv: list[str] | None = None) -> None:

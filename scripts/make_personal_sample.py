@@ -21,7 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from lcsb_cli.data import synthetic  # noqa: E402
+import synthetic  # noqa: E402
 
 FILE_NAME = "messages.jsonl"
 MOVIES_FILE = "movies.jsonl"

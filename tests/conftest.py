@@ -16,6 +16,7 @@ import pytest  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
+sys.path.insert(0, str(REPO / "scripts"))  # synthetic.py: the sample data generator, not part of the package
 
 
 @pytest.fixture

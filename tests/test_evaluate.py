@@ -19,7 +19,7 @@ from lcsb_cli.data.lamp2 import (
     profile_questions,
     retrieve_profile,
 )
-from lcsb_cli.data.synthetic import write_lamp2_sample
+from synthetic import write_lamp2_sample
 from lcsb_cli.evaluate import run_eval
 from lcsb_cli.evaluate.labels import answer_logprobs, lamp2_metrics, majority_accuracy, score_tags
 from lcsb_cli.model.load import inference_mode, load_model

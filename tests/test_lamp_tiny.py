@@ -5,7 +5,7 @@ import subprocess
 import sys
 
 from helpers import REPO
-from lcsb_cli.data.synthetic import pretrain_documents
+from synthetic import pretrain_documents
 
 
 def test_build_script_runs_a_few_steps_and_writes_a_loadable_checkpoint(tmp_path):

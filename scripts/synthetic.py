@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from datetime import date, timedelta
 from pathlib import Path
 
-from .lamp2 import ANSWER_CUE, TAGS, format_input, profile_statement
+from lcsb_cli.data.lamp2 import ANSWER_CUE, TAGS, format_input, profile_statement
 
 N_USERS = 30
 TRAIN_PER_USER = 10
