@@ -7,7 +7,8 @@ import pytest
 import torch
 from helpers import LAMP2, run_train
 
-from lcsb_cli.backends.npu_sim.cpu_lane import LayerShape, layer_seconds
+from lcsb_cli.backends.npu_sim.cpu_lane import layer_seconds
+from lcsb_cli.model.shape import LayerShape
 from lcsb_cli.backends.npu_sim.device import DeviceModel, load_profile
 from lcsb_cli.recipe import load_recipe
 from lcsb_cli.run.engine import build_trainer

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from ..model.shape import LayerShape
 from ..recipe import Recipe
 from ..selective import partition
 
@@ -26,12 +27,7 @@ PROBE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 @dataclass(frozen=True)
-class ModelShape:
-    hidden: int
-    intermediate: int
-    heads: int
-    kv_heads: int
-    head_dim: int
+class ModelShape(LayerShape):
     layers: int
     vocab: int
     lora_rank: int
@@ -39,12 +35,9 @@ class ModelShape:
 
     @classmethod
     def of(cls, config, recipe: Recipe) -> ModelShape:
-        """From a transformers config (Llama / Qwen2 / Mistral names) and the recipe's LoRA."""
-        heads = config.num_attention_heads
-        return cls(config.hidden_size, config.intermediate_size, heads,
-                   getattr(config, "num_key_value_heads", None) or heads,
-                   getattr(config, "head_dim", None) or config.hidden_size // heads, config.num_hidden_layers,
-                   config.vocab_size, recipe.lora.rank, tuple(recipe.lora.targets))
+        """The decoder layer's shape, the layer count and vocabulary, and the recipe's LoRA."""
+        return cls(**vars(LayerShape.of(config)), layers=config.num_hidden_layers, vocab=config.vocab_size,
+                   lora_rank=recipe.lora.rank, lora_targets=tuple(recipe.lora.targets))
 
     def projections(self) -> dict[str, tuple[int, int]]:
         """(in, out) features of each projection of a decoder layer."""

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from torch import nn
 
+from ...model.shape import LayerShape
 from .device import DeviceModel
 
 VALUE_BYTES = 4.0  # the CPU lane computes in fp32
@@ -52,21 +53,6 @@ SOFTMAX = Chain(flops=5, reads=4, writes=2, inputs=1, outputs=1)
 SILU_MUL = Chain(flops=5, reads=5, writes=3, inputs=2, outputs=1)
 # residual + MLP output
 RESIDUAL_ADD = Chain(flops=1, reads=2, writes=1, inputs=2, outputs=1)
-
-
-@dataclass(frozen=True)
-class LayerShape:
-    hidden: int
-    intermediate: int
-    heads: int
-    kv_heads: int
-    head_dim: int
-
-    @classmethod
-    def of(cls, config) -> LayerShape:
-        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-        kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
-        return cls(config.hidden_size, config.intermediate_size, config.num_attention_heads, kv_heads, head_dim)
 
 
 def layer_operators(shape: LayerShape, batch: int, length: int) -> list[tuple[str, float, Chain | None]]:
