@@ -17,8 +17,8 @@ from lcsb_cli.data.batching import BatchStream, collate  # noqa: E402
 from lcsb_cli.data.lamp2 import (  # noqa: E402
     TAGS, encode_example, format_input, lamp2_dataset, load_lamp2, split_input,
 )
-from lcsb_cli.data.synthetic import corpus_lines, write_lamp2_sample  # noqa: E402
 from lcsb_cli.errors import BadInput  # noqa: E402
+from synthetic import corpus_lines, write_lamp2_sample  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLE = ROOT / "recipes" / "data" / "lamp2"
