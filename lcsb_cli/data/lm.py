@@ -22,8 +22,8 @@ from typing import Any
 
 from ..errors import BadInput
 from .lamp2 import bos_ids
+from .task import TaskData
 
-FORMATS = ("text", "completion", "chat")
 SPLIT_SEED = 0  # data.eval_fraction draws the same held-out items on every run, whatever train.seed is
 _PROBLEM = "problem"
 
@@ -32,6 +32,29 @@ _PROBLEM = "problem"
 class LmSplit:
     rows: list[dict]
     skipped: list[tuple[int, str]]  # (line number, reason) of lines skipped under data.on_bad_line: skip
+
+
+def load_lm_task(recipe, tokenizer: Any) -> TaskData:
+    """A text, completion or chat run: `data.eval` is held out when given, else a seeded `data.eval_fraction` of
+    `data.train` (the same items on every run)."""
+    data = recipe.data
+    train = load_lm_split(data.train, data.format, tokenizer, data.max_length, data.on_bad_line)
+    if data.eval is not None:
+        held_out = load_lm_split(data.eval, data.format, tokenizer, data.max_length, data.on_bad_line)
+        return TaskData(data.format, train.rows, held_out.rows, None, train.skipped + held_out.skipped)
+    if len(train.rows) < 2:
+        raise BadInput(f"data.eval_fraction: {data.train} gives {len(train.rows)} example; a held-out split needs "
+                       "at least 2 (or give data.eval)")
+    order = _seeded_order(len(train.rows))
+    held = set(order[:min(max(1, round(len(order) * data.eval_fraction)), len(order) - 1)])
+    return TaskData(data.format, [r for i, r in enumerate(train.rows) if i not in held],
+                    [r for i, r in enumerate(train.rows) if i in held], None, train.skipped)
+
+
+def _seeded_order(n: int) -> list[int]:
+    import torch
+
+    return torch.randperm(n, generator=torch.Generator().manual_seed(SPLIT_SEED)).tolist()
 
 
 def load_lm_split(path: str, fmt: str, tokenizer: Any, max_length: int, on_bad_line: str) -> LmSplit:

@@ -17,6 +17,7 @@ from typing import Any, Sequence
 
 from ..errors import BadInput
 from .lamp2 import LampQuestion
+from .task import TaskData
 
 PROMPT = "Which category does this item belong to among the following categories? Just answer with the category name."
 ON_BAD_LINE = ("error", "skip")
@@ -190,3 +191,33 @@ def to_questions(examples: Sequence[PersonalExample], labels: Sequence[str]) -> 
         LampQuestion(id=e.id, input=format_personal_input(labels, e.text), profile=(), user_id=e.user, output=e.label)
         for e in examples
     ]
+
+
+def load_personal_task(recipe, tokenizer=None) -> TaskData:
+    """A jsonl run: `data.eval` (another file of the same shape) is held out when given, else the newest
+    `data.eval_fraction` of `data.train`; with `data.user`, that user's lines of both."""
+    data = recipe.data
+    train = _personal_file("data.train", data.train, data)
+    if data.eval is None:
+        older, newest = time_split(_of_user(train.examples, data.user, data.train), data.eval_fraction)
+        return TaskData("jsonl", to_questions(older, train.labels), to_questions(newest, train.labels), train.labels,
+                        train.skipped)
+    held_out = _personal_file("data.eval", data.eval, data, train.labels)
+    train_examples = _of_user(train.examples, data.user, data.train)
+    held_examples = _of_user(held_out.examples, data.user, data.eval)
+    return TaskData("jsonl", to_questions(train_examples, train.labels), to_questions(held_examples, train.labels),
+                    train.labels, train.skipped + held_out.skipped)
+
+
+def _personal_file(key: str, path: str, data, labels: Sequence[str] | None = None) -> PersonalData:
+    """One JSONL file; the held-out file is read over the training file's label set."""
+    if not Path(path).is_file():
+        raise BadInput(f"{key}: {path} does not exist")
+    return load_personal(path, data.on_bad_line, labels if labels is not None else data.labels)
+
+
+def _of_user(examples: Sequence[PersonalExample], user: str | None, path: str) -> list[PersonalExample]:
+    chosen = list(examples) if user is None else filter_user(examples, user)
+    if not chosen:
+        raise BadInput(f"data.user: no items of user {user!r} in {path}")
+    return chosen
