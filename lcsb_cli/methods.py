@@ -7,6 +7,10 @@ no backward pass, supplies the whole update through `zeroth_order_step`.
 
 from __future__ import annotations
 
+import math
+import statistics
+from dataclasses import dataclass
+
 import torch
 from torch import nn
 
@@ -15,10 +19,48 @@ from .recipe import LcsbConfig, Recipe, get_key
 from .selective import BlockSchedule, IdleMomentum, SelectiveLayers, partition
 
 
+@dataclass(frozen=True)
+class Plan:
+    """What a method's backward differentiates, per decoder layer, as the expectation over its blocks or draws:
+    `through`, the chance backward runs through the layer; `lowest`, that it is the lowest such layer (its input
+    has no graph, so its q/k/v input gradients are not needed); `trained`, that its LoRA gets weight gradients.
+    `forwards`: forward passes a step. The bench's roofline counts a step's FLOPs from it."""
+
+    forwards: int
+    through: tuple[float, ...]
+    lowest: tuple[float, ...]
+    trained: tuple[float, ...]
+
+
+def _span(layers: int, start: int, stop: int, trained: range) -> tuple[tuple[float, ...], ...]:
+    through = tuple(float(start <= i < stop) for i in range(layers))
+    return through, tuple(float(i == start) for i in range(layers)), tuple(float(i in trained) for i in range(layers))
+
+
 class Method:
+    """A registry entry (METHODS) and the object the engine drives. Class attributes: `section`, the recipe
+    section it reads; `layer_key`, a count the model's layers bound; `zeroth_order`; `data_parallel`."""
+
     name = "method"
+    section: str | None = None
+    layer_key: str | None = None
     blocks = 1
     zeroth_order = False
+    data_parallel = True
+
+    @classmethod
+    def build(cls, recipe: Recipe, model: nn.Module, layers: nn.ModuleList, params: list[nn.Parameter],
+              optimizer: torch.optim.Optimizer) -> Method:
+        raise NotImplementedError
+
+    @classmethod
+    def learning_rate(cls, recipe: Recipe) -> float:
+        return recipe.train.lr
+
+    @classmethod
+    def plan(cls, recipe: Recipe, layers: int) -> Plan:
+        """Every layer, every step."""
+        return Plan(1, *_span(layers, 0, layers, range(layers)))
 
     def begin_step(self) -> int | None:
         return None
@@ -39,16 +81,35 @@ class Method:
 class FullBackprop(Method):
     """Every layer trains every step; `activation_checkpointing` recomputes each layer in backward (MeBP)."""
 
+    name = "full-backprop"
+
     def __init__(self, model: nn.Module, checkpointing: bool):
         self.name = "full-backprop+ckpt" if checkpointing else "full-backprop"
         if checkpointing:
             model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
 
+    @classmethod
+    def build(cls, recipe, model, layers, params, optimizer):
+        return cls(model, recipe.activation_checkpointing)
+
 
 class Lcsb(Method):
     """Layer-cyclic selective backprop: one block of layers trains per step (docs/ARCHITECTURE.md, the core)."""
 
-    name = "lcsb"
+    name, section, layer_key = "lcsb", "lcsb", "lcsb.blocks"
+
+    @classmethod
+    def build(cls, recipe, model, layers, params, optimizer):
+        return cls(layers, optimizer, recipe.lcsb, recipe.activation_checkpointing, recipe.train.seed)
+
+    @classmethod
+    def plan(cls, recipe, layers):
+        """Averaged over the K blocks (identity: the active block only; exact / exactW: the block and the layers
+        above it that backprop exactly)."""
+        window = layers if recipe.lcsb.upper_path == "exact" else recipe.lcsb.exact_above
+        spans = [_span(layers, block.start, block.stop + window, block) for block in
+                 partition(layers, recipe.lcsb.blocks)]
+        return Plan(1, *(tuple(map(statistics.fmean, zip(*parts))) for parts in zip(*spans)))
 
     def __init__(self, layers: nn.ModuleList, optimizer: torch.optim.Optimizer, cfg: LcsbConfig, checkpointing: bool,
                  seed: int):
@@ -85,7 +146,16 @@ def _layer_params(layers: nn.ModuleList) -> list[list[nn.Parameter]]:
 class Freeze(Method):
     """The paper's Freeze baseline: only the top `freeze.layers` layers' LoRA trains; backward stops there."""
 
-    name = "freeze"
+    name, section, layer_key = "freeze", "freeze", "freeze.layers"
+
+    @classmethod
+    def build(cls, recipe, model, layers, params, optimizer):
+        return cls(layers, recipe.freeze.layers)
+
+    @classmethod
+    def plan(cls, recipe, layers):
+        top = range(layers - recipe.freeze.layers, layers)
+        return Plan(1, *_span(layers, top.start, layers, top))
 
     def __init__(self, layers: nn.ModuleList, top: int):
         for params in _layer_params(layers)[: len(layers) - top]:
@@ -97,7 +167,19 @@ class Lisa(Method):
     """LISA: `lisa.layers` layers, drawn at random every `lisa.interval` steps, train; the others' LoRA is frozen
     (gradients still flow through layers above the lowest trained one). The draw and its RNG are checkpointed."""
 
-    name = "lisa"
+    name, section, layer_key = "lisa", "lisa", "lisa.layers"
+
+    @classmethod
+    def build(cls, recipe, model, layers, params, optimizer):
+        return cls(layers, recipe.lisa.layers, recipe.lisa.interval, recipe.train.seed)
+
+    @classmethod
+    def plan(cls, recipe, layers):
+        """`drawn` of `layers` uniformly: the lowest drawn is layer i with C(N-1-i, c-1) / C(N, c)."""
+        drawn, draws = recipe.lisa.layers, math.comb(layers, recipe.lisa.layers)
+        lowest = tuple(math.comb(layers - 1 - i, drawn - 1) / draws for i in range(layers))
+        through = tuple(1 - math.comb(layers - 1 - i, drawn) / draws for i in range(layers))
+        return Plan(1, through, lowest, (drawn / layers,) * layers)
 
     def __init__(self, layers: nn.ModuleList, count: int, interval: int, seed: int):
         self.params = _layer_params(layers)
@@ -134,8 +216,21 @@ class Mezo(Method):
     Two forwards per step, no backward, no optimizer state; the step's seeds come from a checkpointed RNG.
     """
 
-    name = "mezo"
-    zeroth_order = True
+    name, section = "mezo", "mezo"
+    zeroth_order, data_parallel = True, False
+
+    @classmethod
+    def build(cls, recipe, model, layers, params, optimizer):
+        return cls(params, recipe.mezo.eps, recipe.train.seed)
+
+    @classmethod
+    def learning_rate(cls, recipe):
+        return recipe.mezo.lr
+
+    @classmethod
+    def plan(cls, recipe, layers):
+        """Two forwards, no backward."""
+        return Plan(2, *([(0.0,) * layers] * 3))
 
     def __init__(self, params: list[nn.Parameter], eps: float, seed: int):
         self.params, self.eps = params, eps
@@ -166,9 +261,12 @@ class Mezo(Method):
         self.generator.set_state(state["rng"])
 
 
+METHODS: dict[str, type[Method]] = {m.name: m for m in (Lcsb, FullBackprop, Freeze, Lisa, Mezo)}
+
+
 def check_layer_counts(recipe: Recipe, num_layers: int) -> None:
     """The ranges that depend on the model (the recipe checks the rest): K and the layer counts of freeze and lisa."""
-    key = {"lcsb": "lcsb.blocks", "freeze": "freeze.layers", "lisa": "lisa.layers"}.get(recipe.method)
+    key = METHODS[recipe.method].layer_key
     if key and get_key(recipe, key) > num_layers:
         raise BadInput(f"{key}: {get_key(recipe, key)} is more than the model's {num_layers} decoder layers")
 
@@ -187,14 +285,6 @@ def build_method(recipe: Recipe, model: nn.Module, layers: nn.ModuleList,
                  params: list[nn.Parameter]) -> tuple[Method, torch.optim.Optimizer]:
     """The recipe's method and its optimizer: one over all LoRA `params`, built before any method freezes a layer,
     at the method's learning rate (mezo.lr for MeZO, train.lr for the gradient methods)."""
-    lr = recipe.mezo.lr if recipe.method == "mezo" else recipe.train.lr
-    optimizer = make_optimizer(recipe.train.optimizer, params, lr, recipe.train.weight_decay)
-    if recipe.method == "full-backprop":
-        return FullBackprop(model, recipe.activation_checkpointing), optimizer
-    if recipe.method == "freeze":
-        return Freeze(layers, recipe.freeze.layers), optimizer
-    if recipe.method == "lisa":
-        return Lisa(layers, recipe.lisa.layers, recipe.lisa.interval, recipe.train.seed), optimizer
-    if recipe.method == "mezo":
-        return Mezo(params, recipe.mezo.eps, recipe.train.seed), optimizer
-    return Lcsb(layers, optimizer, recipe.lcsb, recipe.activation_checkpointing, recipe.train.seed), optimizer
+    method = METHODS[recipe.method]
+    optimizer = make_optimizer(recipe.train.optimizer, params, method.learning_rate(recipe), recipe.train.weight_decay)
+    return method.build(recipe, model, layers, params, optimizer), optimizer

@@ -35,9 +35,8 @@ class RichReporter:
 
     def on_start(self, info: dict) -> None:
         recipe = info["recipe"]
-        blocks = recipe.lcsb.blocks if recipe.method == "lcsb" else 1
         self.console.print(
-            f"[bold]{recipe.name}[/]: {recipe.method} (K={blocks}) on {recipe.model.name}, "
+            f"[bold]{recipe.name}[/]: {recipe.method} (K={info['blocks']}) on {recipe.model.name}, "
             f"{info['layers']} layers, {info['params']:,} LoRA params, backend {recipe.backend} -> {info['run_dir']}"
             + (f" [yellow](resumed at step {info['first_step']})[/]" if info["first_step"] else ""),
             soft_wrap=True,

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from ..atomic import write_json_atomic, write_text_atomic
 from ..errors import BadInput
+from ..methods import METHODS
 from ..recipe import Recipe, replace_key, with_overrides
 from ..run.summary import step_stats
 from .roofline import compute_dtype, roofline_fields
@@ -14,7 +15,8 @@ from .seeds import combine_seeds, plot_loss_curves
 from .session import BASELINE, BUDGETS, run_session
 from .table import bench_markdown
 
-FIXED = ("full-backprop", "full-backprop+ckpt", "freeze", "lisa", "mezo", "hf-trainer", "hf-trainer:bf16")
+# the engine's methods by name (lcsb goes by lcsb:K), checkpointed full backprop, and transformers' Trainer
+FIXED = (*(name for name in METHODS if name != "lcsb"), "full-backprop+ckpt", "hf-trainer", "hf-trainer:bf16")
 ALL_LAYERS = -1
 
 

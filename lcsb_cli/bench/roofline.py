@@ -9,7 +9,6 @@ dtype it computes in.
 
 from __future__ import annotations
 
-import math
 import statistics
 import time
 from collections import Counter
@@ -18,9 +17,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from ..methods import METHODS, Plan
 from ..model.shape import LayerShape
 from ..recipe import Recipe
-from ..selective import partition
 
 QKV = ("q_proj", "k_proj", "v_proj")
 PROBE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -46,48 +45,9 @@ class ModelShape(LayerShape):
                 "up_proj": (h, i), "down_proj": (i, h)}
 
 
-@dataclass(frozen=True)
-class Plan:
-    """What a method's backward differentiates, per decoder layer, as the expectation over its blocks or draws:
-    `through`, the chance backward runs through the layer; `lowest`, that it is the lowest such layer (its input
-    has no graph, so its q/k/v input gradients are not needed); `trained`, that its LoRA gets weight gradients."""
-
-    forwards: int
-    through: tuple[float, ...]
-    lowest: tuple[float, ...]
-    trained: tuple[float, ...]
-
-
 def plan_for(recipe: Recipe, layers: int) -> Plan:
-    """lcsb: averaged over its K blocks (identity: the active block only; exact / exactW: the block and the layers
-    above it that backprop exactly); freeze: the top layers; lisa: over its uniform draw of layers, backward from
-    the head down to the lowest drawn one; mezo: two forwards, no backward; full-backprop (+ckpt): every layer."""
-    if recipe.method == "mezo":
-        return Plan(2, *([(0.0,) * layers] * 3))
-    if recipe.method == "lcsb":
-        window = layers if recipe.lcsb.upper_path == "exact" else recipe.lcsb.exact_above
-        spans = [_span(layers, block.start, block.stop + window, block) for block in
-                 partition(layers, recipe.lcsb.blocks)]
-        return Plan(1, *(tuple(map(statistics.fmean, zip(*parts))) for parts in zip(*spans)))
-    if recipe.method == "freeze":
-        top = range(layers - recipe.freeze.layers, layers)
-        return Plan(1, *_span(layers, top.start, layers, top))
-    if recipe.method == "lisa":
-        return _lisa(layers, recipe.lisa.layers)
-    return Plan(1, *_span(layers, 0, layers, range(layers)))
-
-
-def _span(layers: int, start: int, stop: int, trained: range) -> tuple[tuple[float, ...], ...]:
-    through = tuple(float(start <= i < stop) for i in range(layers))
-    return through, tuple(float(i == start) for i in range(layers)), tuple(float(i in trained) for i in range(layers))
-
-
-def _lisa(layers: int, drawn: int) -> Plan:
-    """`drawn` of `layers` uniformly: the lowest drawn is layer i with C(N-1-i, c-1) / C(N, c)."""
-    draws = math.comb(layers, drawn)
-    lowest = tuple(math.comb(layers - 1 - i, drawn - 1) / draws for i in range(layers))
-    through = tuple(1 - math.comb(layers - 1 - i, drawn) / draws for i in range(layers))
-    return Plan(1, through, lowest, (drawn / layers,) * layers)
+    """The recipe's method's plan (methods.py): what its backward differentiates, per layer."""
+    return METHODS[recipe.method].plan(recipe, layers)
 
 
 class StepFlops:

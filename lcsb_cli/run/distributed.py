@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 
 from ..errors import BadInput
+from ..methods import METHODS
 
 
 @dataclass(frozen=True)
@@ -73,8 +74,8 @@ SINGLE = World()
 
 
 def check_parallel_method(method: str) -> None:
-    if method == "mezo":
-        raise BadInput("method: mezo has no gradients to share; run it in one process (no --nproc)")
+    if not METHODS[method].data_parallel:
+        raise BadInput(f"method: {method} has no gradients to share; run it in one process (no --nproc)")
 
 
 def init_world(backend_name: str) -> World:

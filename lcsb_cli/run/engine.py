@@ -70,7 +70,8 @@ def _train(recipe, run_dir, reporter, resume, force, adapter_dir, job, world, ta
 def _run_claimed(run: Run) -> dict:
     """The run once its dir is claimed: before-eval of an overnight job, the loop, the finish."""
     run.reporter.on_start({"recipe": run.recipe, "run_dir": run.run_dir, "first_step": run.first_step,
-                           "notes": run.notes, "params": sum(p.numel() for p in run.trainer.params),
+                           "notes": run.notes, "blocks": run.trainer.method.blocks,
+                           "params": sum(p.numel() for p in run.trainer.params),
                            "layers": len(run.loaded.layers)})
     if run.world.is_main and run.recipe.overnight.report and run.job.state["eval_before"] is None:
         run.job.state["eval_before"] = run.held_out_metrics()

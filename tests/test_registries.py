@@ -1,4 +1,4 @@
-"""The data-format registry: one entry per format the recipe accepts, and every format honours data.eval."""
+"""The registries: one entry per data format and per method the recipe accepts, and every format honours data.eval."""
 
 from pathlib import Path
 
@@ -37,3 +37,9 @@ def test_jsonl_without_data_eval_holds_out_the_newest(tmp_path: Path):
 def test_the_registry_is_typed_for_evaluation():
     assert {name for name, f in FORMATS.items() if f.labelled} == {"lamp2", "jsonl"}
     assert {name for name, f in FORMATS.items() if f.generative} == {"completion", "chat"}
+
+
+def test_the_recipe_accepts_exactly_the_registered_methods():
+    from lcsb_cli.methods import METHODS
+
+    assert tuple(CHOICES["method"]) == tuple(METHODS)
