@@ -178,6 +178,7 @@ def generate(
     target: Annotated[str, typer.Argument(help="A recipe (the base model, or --adapter), a run dir (its adapter/) or "
                                           "a merged export dir (`lcsb export RUN --merge`).")],
     overrides: Overrides = None,
+    *,
     adapter: Annotated[Optional[Path], typer.Option("--adapter", help="A PEFT adapter dir to generate with.")] = None,
     user: Annotated[Optional[str], typer.Option("--user", help="For a per-user run: whose adapter.")] = None,
     prompt: Annotated[Optional[str], typer.Option("--prompt", help="The text to continue (with --chat: the user's "
@@ -197,7 +198,7 @@ def generate(
 
     Examples: `lcsb generate runs/chat --chat --prompt "Hi"` · `lcsb generate runs/lamp2 --user u1 --file q.jsonl` ·
     `lcsb generate merged/ --prompt "Once" --temperature 0.8 --stop "\\n"`. Recipe keys: `lcsb validate RECIPE` prints them all, resolved."""
-    from .generate import read_inputs, run_generate
+    from .generate import Sampling, read_inputs, run_generate
 
     if (prompt is None) == (file is None):
         raise BadInput("give exactly one of --prompt TEXT and --file JSONL")
@@ -206,7 +207,7 @@ def generate(
         raise BadInput(f"{run_dir}: a per-user run has one adapter per user; pass --user ID")
     inputs = [prompt] if file is None else read_inputs(file, chat)
     stops = recipe.eval.stop if stop is None else [s.replace("\\n", "\n") for s in stop]
-    run_generate(recipe, adapter, inputs, chat, max_new_tokens, temperature, seed, stops)
+    run_generate(recipe, adapter, inputs, chat, Sampling(max_new_tokens, temperature, seed, tuple(stops)))
 
 
 @app.command()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -149,8 +150,19 @@ def _is_conversation(messages) -> bool:
         isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in messages)
 
 
+@dataclass(frozen=True)
+class Sampling:
+    """How `lcsb generate` decodes: at most `max_new_tokens`, greedy at temperature 0 or sampled with `seed`,
+    each text ended before the first of `stop`."""
+
+    max_new_tokens: int = 128
+    temperature: float = 0.0
+    seed: int = 0
+    stop: tuple[str, ...] = ()
+
+
 def run_generate(recipe: Recipe, adapter: Path | None, inputs: list[str | list[dict]], chat: bool,
-                 max_new_tokens: int, temperature: float = 0.0, seed: int = 0, stop: Sequence[str] = ()) -> list[str]:
+                 sampling: Sampling) -> list[str]:
     """Load the model once, then stream each input's generation to stdout, one prompt at a time; the texts."""
     from .backends import get_backend
     from .model.load import load_model
@@ -161,7 +173,7 @@ def run_generate(recipe: Recipe, adapter: Path | None, inputs: list[str | list[d
     prompts = [prompt_ids(loaded.tokenizer, item, chat) for item in inputs]
     texts = []
     for prompt in prompts:
-        streamer = text_streamer(loaded.tokenizer, stop)
-        texts += generate_texts(loaded.model, loaded.tokenizer, [prompt], max_new_tokens, temperature, seed, streamer,
-                                stop)
+        streamer = text_streamer(loaded.tokenizer, sampling.stop)
+        texts += generate_texts(loaded.model, loaded.tokenizer, [prompt], sampling.max_new_tokens,
+                                sampling.temperature, sampling.seed, streamer, sampling.stop)
     return texts

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -39,28 +40,41 @@ def train(recipe: Recipe, run_dir: Path, reporter: Reporter, resume: bool = Fals
     """
     if recipe.data.user == "all":
         raise ValueError("engine.train trains one adapter; per_user.train_per_user runs data.user: all")
-    run_dir = Path(run_dir)
+    request = RunRequest(recipe, Path(run_dir), resume, force, adapter_dir, task)
     try:
         if job is not None:  # a user's run inside a per-user job: the job's owner waited for the window
-            return _train(recipe, run_dir, reporter, resume, force, adapter_dir, job, SINGLE, task, owner=False)
-        with owned_job(recipe, run_dir) as (job, world):
-            return _train(recipe, run_dir, reporter if world.is_main else SilentReporter(), resume, force,
-                          adapter_dir, job, world, task, owner=True)
+            return _train(request, reporter, job, SINGLE, owner=False)
+        with owned_job(recipe, request.run_dir) as (job, world):
+            return _train(request, reporter if world.is_main else SilentReporter(), job, world, owner=True)
     finally:
         log_to(None)  # the run's log file closes with the run
 
 
-def _train(recipe, run_dir, reporter, resume, force, adapter_dir, job, world, task, owner) -> dict:
+@dataclass(frozen=True)
+class RunRequest:
+    """What one `train` call asked for."""
+
+    recipe: Recipe
+    run_dir: Path
+    resume: bool
+    force: bool
+    adapter_dir: Path | None
+    task: TaskData | None
+
+
+def _train(request: RunRequest, reporter: Reporter, job: Job, world: World, owner: bool) -> dict:
     started = time.perf_counter()
+    recipe, run_dir = request.recipe, request.run_dir
 
     def setup() -> tuple[Run, int]:
-        trainer, loaded, task_data = build_trainer(recipe, world, task, RunDir(run_dir).snapshot(world.rank))
-        first_step, wall_before, notes = resume_state(run_dir, trainer) if resume else (0, 0.0, [])
-        run = Run(recipe, run_dir, trainer, loaded, task_data, job, reporter, adapter_dir or RunDir(run_dir).adapter,
-                  first_step, wall_before, notes)
+        trainer, loaded, task_data = build_trainer(recipe, world, request.task, RunDir(run_dir).snapshot(world.rank))
+        first_step, wall_before, notes = resume_state(run_dir, trainer) if request.resume else (0, 0.0, [])
+        run = Run(recipe, run_dir, trainer, loaded, task_data, job, reporter,
+                  request.adapter_dir or RunDir(run_dir).adapter, first_step, wall_before, notes)
         return run, first_step
 
-    with rundir.opened_run(run_dir, recipe, resume, force, world, setup, job if owner else None) as run:
+    with rundir.opened_run(run_dir, recipe, request.resume, request.force, world, setup,
+                           job if owner else None) as run:
         if run is None:
             return {"stopped": job.signals.requested, "steps": 0}
         run.load_time_s = time.perf_counter() - started
