@@ -1,4 +1,4 @@
-"""What importing the training path costs, in RSS, each figure from a fresh process (README's import-diet table).
+"""What importing the training path costs, in RSS, each figure from a fresh process (docs/memory.md, Imports).
 
     python scripts/import_costs.py
 
