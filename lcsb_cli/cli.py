@@ -16,6 +16,7 @@ from rich.markup import escape
 from .errors import BadInput, LcsbError
 from .paths import RECIPES_DIR, recipe_file
 from .recipe import dump, load_recipe
+from .recipe_yaml import explain as explain_keys
 from .run.rundir import check_output_dir, resolve_target
 from .runtime import set_verbose
 
@@ -212,11 +213,18 @@ def generate(
 
 @app.command()
 @handled
-def validate(recipe: RecipeArg, overrides: Overrides = None) -> None:
+def validate(
+    recipe: RecipeArg,
+    overrides: Overrides = None,
+    explain: Annotated[bool, flag("--explain", help="Every key with its value, its allowed values or minimum, "
+                                  "and what it does.")] = False,
+) -> None:
     """Check a recipe (and overrides) and print it resolved, every default filled in: the list of recipe keys.
 
-    Examples: `lcsb validate lamp2` · `lcsb validate my.yaml train.lr=1e-4 quantization=nf4`."""
-    out.print(dump(load_recipe(recipe_file(recipe), overrides or [])), markup=False, highlight=False, end="",
+    Examples: `lcsb validate lamp2` · `lcsb validate my.yaml train.lr=1e-4 quantization=nf4` ·
+    `lcsb validate lamp2 --explain`."""
+    loaded = load_recipe(recipe_file(recipe), overrides or [])
+    out.print(explain_keys(loaded) if explain else dump(loaded), markup=False, highlight=False, end="",
               soft_wrap=True)
 
 

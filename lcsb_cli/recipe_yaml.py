@@ -108,6 +108,10 @@ def _coerce(hint, value, key: str, source: str):
             return None
         hint = next(a for a in args if a is not type(None))
         origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin is typing.Literal:
+        if value not in args:
+            raise BadInput(f"{key}: {value!r} is not one of {', '.join(args)}")
+        return value
     if origin is list:
         if isinstance(value, str):
             value = [v.strip() for v in value.split(",") if v.strip()]
@@ -132,3 +136,35 @@ def _coerce(hint, value, key: str, source: str):
 
 def _type_name(hint) -> str:
     return {int: "an integer", float: "a number", str: "a string", bool: "true or false"}.get(hint, str(hint))
+
+
+def fields_of(cls, prefix: str = ""):
+    """(dotted key, dataclass field, type hint) of every leaf key of a recipe schema, in declaration order."""
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        if dataclasses.is_dataclass(hints[f.name]):
+            yield from fields_of(hints[f.name], f"{prefix}{f.name}.")
+        else:
+            yield f"{prefix}{f.name}", f, hints[f.name]
+
+
+def choices_of(hint) -> tuple[str, ...] | None:
+    """The allowed values of a Literal-typed key (optional or not), else None."""
+    for candidate in (hint, *typing.get_args(hint)):
+        if typing.get_origin(candidate) is typing.Literal:
+            return typing.get_args(candidate)
+    return None
+
+
+def explain(recipe) -> str:
+    """`lcsb validate --explain`: every key with its value, its allowed values or minimum, and its help."""
+    lines = []
+    for dotted, f, hint in fields_of(type(recipe)):
+        value = recipe
+        for part in dotted.split("."):
+            value = getattr(value, part)
+        allowed, minimum = choices_of(hint), f.metadata.get("min")
+        rule = f"  [{' | '.join(allowed)}]" if allowed else f"  [>= {minimum}]" if minimum is not None else ""
+        text = yaml.safe_dump(value, default_flow_style=True, width=10**6).removesuffix("...\n").strip()
+        lines.append(f"{dotted}: {text}{rule}  # {f.metadata.get('help', '')}")
+    return "\n".join(lines) + "\n"
