@@ -123,8 +123,8 @@ class TrainConfig:
     optimizer: Literal["adamw", "adamw8bit"] = key("adamw", "adamw (torch, fp32 moments) | adamw8bit "
                                                    "(bitsandbytes, block-wise 8-bit moments)")
     report_to: list[str] = key(None, "trackers fed the metrics.jsonl rows: [tensorboard]", factory=list)
-    check_initial_loss: bool = key(True, "stop a fresh run whose first loss is above ln(vocab_size) + 1: worse than "
-                                   "a uniform guess, so the model is broken, not untrained")
+    check_initial_loss: bool = key(True, "stop a fresh run whose loss on its first batch (every token) is above "
+                                   "ln(vocab_size) + 1: worse than a uniform guess, so the model is broken")
 
 
 @dataclass

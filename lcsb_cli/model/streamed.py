@@ -1,100 +1,19 @@
 """The streamed 4-bit build: the model exists on the meta device and is materialised, cast and quantized one module
-at a time, so no full-precision copy of it ever exists; and a 4-bit embedding / LM head read a slice at a time."""
+at a time, so no full-precision copy of it ever exists; its embedding / LM head may be 4-bit rows (rows.py)."""
 
 from __future__ import annotations
 
 import json
 import zlib
-from collections.abc import Iterable
 from pathlib import Path
 
 import torch
 from torch import nn
+from torch.func import functional_call
 
 from ..errors import BadInput
 from .memory import seeded
-
-ROW_BLOCK = 64  # bitsandbytes' 4-bit block size: a row of H values is H / 64 whole blocks
-
-
-class QuantizedRows(nn.Module):
-    """A [rows x cols] weight in bitsandbytes 4-bit (NF4/FP4) blocks of 64 along each row, fp32 absmax per block.
-
-    Every row is whole blocks, so any set of rows dequantizes on its own: the embedding reads the rows of the
-    batch's tokens and the LM head one vocabulary slice at a time; the full-precision matrix never exists.
-    """
-
-    def __init__(self, rows: int, cols: int, quant_type: str, device=None):
-        super().__init__()
-        if cols % ROW_BLOCK:
-            raise BadInput(f"memory.embedding: 4-bit rows need a hidden size that is a multiple of {ROW_BLOCK}, "
-                           f"this model's is {cols}; set memory.embedding=keep")
-        self.shape, self.quant_type = (rows, cols), quant_type
-        self.register_buffer("packed", torch.empty(rows, cols // 2, dtype=torch.uint8, device=device))
-        self.register_buffer("absmax", torch.empty(rows, cols // ROW_BLOCK, dtype=torch.float32, device=device))
-
-    @classmethod
-    def quantize(cls, chunks: Iterable[torch.Tensor], rows: int, cols: int, quant_type: str) -> QuantizedRows:
-        """Quantize a weight given as consecutive row chunks (each freed before the next is drawn)."""
-        from bitsandbytes.functional import quantize_4bit
-
-        out = cls(rows, cols, quant_type, device="cpu")
-        start = 0
-        for chunk in chunks:
-            packed, state = quantize_4bit(chunk.contiguous(), blocksize=ROW_BLOCK, quant_type=quant_type)
-            stop = start + chunk.shape[0]
-            out.packed[start:stop] = packed.view(-1, cols // 2)
-            out.absmax[start:stop] = state.absmax.view(-1, cols // ROW_BLOCK)
-            start = stop
-        return out
-
-    def _dequantize(self, packed: torch.Tensor, absmax: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        from bitsandbytes.functional import QuantState, dequantize_4bit, get_4bit_type
-
-        shape = (packed.shape[0], self.shape[1])
-        state = QuantState(absmax=absmax.reshape(-1), shape=shape, dtype=dtype, blocksize=ROW_BLOCK,
-                           code=get_4bit_type(self.quant_type, device=packed.device), quant_type=self.quant_type)
-        return dequantize_4bit(packed.reshape(-1, 1), state)
-
-    def slice(self, start: int, stop: int, dtype: torch.dtype) -> torch.Tensor:
-        return self._dequantize(self.packed[start:stop], self.absmax[start:stop], dtype)
-
-    def take(self, index: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        return self._dequantize(self.packed[index], self.absmax[index], dtype)
-
-
-class QuantizedEmbedding(nn.Module):
-    """nn.Embedding over QuantizedRows: looks up and dequantizes only the batch's rows."""
-
-    def __init__(self, rows: QuantizedRows, dtype: torch.dtype):
-        super().__init__()
-        self.rows, self.dtype = rows, dtype
-        self.num_embeddings, self.embedding_dim = rows.shape
-
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        flat = self.rows.take(input_ids.reshape(-1), self.dtype)
-        return flat.view(*input_ids.shape, self.embedding_dim)
-
-
-class QuantizedHead(nn.Module):
-    """The LM head over QuantizedRows (shared with the embedding when they are tied), a vocabulary slice at a time.
-
-    `causal_lm_loss` reads `weight_slice` inside its chunked cross-entropy; `forward` (evaluation, full-logits
-    paths) returns ordinary logits built slice by slice.
-    """
-
-    def __init__(self, rows: QuantizedRows, slice_rows: int = 8192):
-        super().__init__()
-        self.rows, self.slice_rows = rows, slice_rows
-        self.out_features, self.in_features = rows.shape
-
-    def weight_slice(self, start: int, stop: int, dtype: torch.dtype) -> torch.Tensor:
-        return self.rows.slice(start, stop, dtype)
-
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return torch.cat([torch.nn.functional.linear(hidden, self.weight_slice(v, v + self.slice_rows, hidden.dtype))
-                          for v in range(0, self.out_features, self.slice_rows)], dim=-1)
-
+from .rows import QuantizedEmbedding, QuantizedHead, QuantizedRows
 
 DRAW_ROWS = 4096  # a random-init embedding is drawn (and quantized) this many rows at a time
 
@@ -104,38 +23,42 @@ def _tensor_seed(seed: int, name: str) -> int:
 
 
 class FloatSource:
-    """Full-precision tensors, one module at a time: a subclass's `fill(model, name, module)` materialises a
-    module's own parameters and buffers (float32, CPU) and `row_chunks(name, module)` yields an embedding or LM
-    head weight in consecutive row chunks; `linear` and `rows` cast them to the model dtype and quantize."""
+    """Full-precision tensors, one module at a time: a subclass's `fill(model, name, module)` materialises the
+    module's own parameters and persistent buffers that are not loaded yet (float32, CPU) and `row_chunks(name,
+    module)` yields an embedding or LM head weight in consecutive row chunks; `linear` and `rows` cast them to the
+    model dtype and quantize."""
 
     def linear(self, model, name: str, module: nn.Linear, kind: str, dtype) -> nn.Module:
         self.fill(model, name, module)
         return _linear4bit(module, kind, dtype)
 
-    def rows(self, name: str, module: nn.Module, embedding: str, dtype, head: bool) -> nn.Module:
+    def rows(self, name: str, module: nn.Module, embedding: str, dtype) -> torch.Tensor | QuantizedRows:
+        """The module's weight: whole in `dtype` (memory.embedding keep) or 4-bit rows."""
         rows, cols = module.weight.shape
         chunks = (chunk.to(dtype) for chunk in self.row_chunks(name, module))
         if embedding != "keep":
-            quantized = QuantizedRows.quantize(chunks, rows, cols, embedding)
-            return QuantizedHead(quantized) if head else QuantizedEmbedding(quantized, dtype)
+            return QuantizedRows.quantize(chunks, rows, cols, embedding)
         weight, start = torch.empty(rows, cols, dtype=dtype), 0
         for chunk in chunks:
             weight[start:start + len(chunk)], start = chunk, start + len(chunk)
-        return _dense(weight, head)
+        return weight
 
 
 class RandomInit(FloatSource):
     """A preset's seeded random init, drawn per module (and per DRAW_ROWS rows of an embedding) from generators
     seeded by the tensor's name, so the same weights come out whether built whole or one module at a time.
-    Each module gets transformers' own `_init_weights` (normal(0, initializer_range), zero biases, unit norms)."""
+    Each module gets transformers' own `_init_weights` (normal(0, initializer_range), zero biases, unit norms),
+    drawn in float32 whatever the model dtype."""
 
     def __init__(self, seed: int, std: float):
         self.seed, self.std = seed, std
 
     def fill(self, model, name, module):
-        module.to_empty(device="cpu", recurse=False)
+        for key, tensor in _unloaded(module):
+            _set(module, key, torch.empty(tensor.shape, dtype=torch.float32 if tensor.is_floating_point() else
+                                          tensor.dtype))
         with seeded(_tensor_seed(self.seed, name)):
-            model._init_weights(module)
+            _initializer(model, name)(module)
 
     def row_chunks(self, name, module):
         rows, cols = module.weight.shape
@@ -184,7 +107,7 @@ class SafetensorsCheckpoint(FloatSource):
             raise BadInput(f"model.name: tensor {key!r} has shape {list(found)}, its config.json says {list(shape)}")
 
     def fill(self, model, name, module):
-        _fill_from(model, name, module, self._read)
+        _fill_from(name, module, self._read)
 
     def row_chunks(self, name, module):
         rows = module.weight.shape[0]
@@ -206,7 +129,7 @@ class QuantizedFile(FloatSource):
         return self.tensors[key]
 
     def fill(self, model, name, module):
-        _fill_from(model, name, module, self._get)
+        _fill_from(name, module, self._get)
 
     def linear(self, model, name, module, kind, dtype):
         import bitsandbytes as bnb
@@ -219,12 +142,12 @@ class QuantizedFile(FloatSource):
             out.bias = nn.Parameter(self._get(f"{name}.bias"), requires_grad=False)
         return out
 
-    def rows(self, name, module, embedding, dtype, head):
+    def rows(self, name, module, embedding, dtype):
         if embedding == "keep":
-            return _dense(self._get(f"{name}.weight"), head)
+            return self._get(f"{name}.weight")
         quantized = QuantizedRows(*module.weight.shape, embedding, device="meta")
         quantized.packed, quantized.absmax = self._get(f"{name}.rows.packed"), self._get(f"{name}.rows.absmax")
-        return QuantizedHead(quantized) if head else QuantizedEmbedding(quantized, dtype)
+        return quantized
 
 
 def save_quantized(model: nn.Module, path: Path) -> None:
@@ -240,53 +163,163 @@ def save_quantized(model: nn.Module, path: Path) -> None:
 
 
 def streamed_model(config, dtype: torch.dtype, kind: str | None, embedding: str, source: FloatSource) -> nn.Module:
-    """The causal LM of `config`, built on the meta device and materialised, cast to `dtype` and quantized one
-    module at a time. `kind` (nf4 | fp4; None keeps them in `dtype`): every Linear but the LM head in
-    bitsandbytes 4-bit with double quant in blocks of 64, as `models.quantization_config` asks transformers for.
-    `embedding`: keep (embedding and LM head in `dtype`) | nf4 | fp4 (QuantizedRows, shared when tied)."""
+    """The causal LM of `config`, built on the meta device in `dtype` (so every tensor has the dtype transformers
+    gives it) and materialised, cast and quantized one module at a time. `kind` (nf4 | fp4; None keeps them in
+    `dtype`): the Linears transformers' bitsandbytes quantizer converts, in 4-bit with double quant in blocks of 64,
+    as `models.quantization_config` asks it. `embedding`: keep (embedding and LM head in `dtype`) | nf4 | fp4
+    (QuantizedRows, shared when tied). What the build cannot reproduce is BadInput, never a different model."""
     from transformers import AutoModelForCausalLM
+    from transformers.quantizers.base import get_keys_to_not_convert
+    from transformers.quantizers.quantizers_utils import should_convert_module
 
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    emb, head = model.get_input_embeddings(), model.get_output_embeddings()
-    tied = head is not None and head.weight is emb.weight
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    kept = [*get_keys_to_not_convert(model), *(model._keep_in_fp32_modules or [])]
+    _build_ends(model, source, embedding, dtype)
     for name in [name for name, _ in model.named_modules()]:  # names only: a replaced module must be freed
         module = model.get_submodule(name)
-        if module is emb or module is head or not _has_meta_tensors(module):
+        if not _has_meta_tensors(module):
             continue
-        if type(module) is nn.Linear and kind is not None:
+        if type(module) is nn.Linear and kind is not None and should_convert_module(name, kept):
             _replace(model, name, source.linear(model, name, module, kind, dtype))
-            continue
-        source.fill(model, name, module)
-        for param in module.parameters(recurse=False):
-            param.data = param.data.to(dtype)
-    names = {id(m): n for n, m in model.named_modules()}
-    new_emb = source.rows(names[id(emb)], emb, embedding, dtype, head=False)
-    _replace(model, names[id(emb)], new_emb)
-    if head is not None:
-        new_head = _tied_head(new_emb) if tied else source.rows(names[id(head)], head, embedding, dtype, True)
-        _replace(model, names[id(head)], new_head)
+        else:
+            _materialise(model, name, module, source)
+    for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
+        if tensor.is_meta:
+            raise BadInput(f"model.name: memory.streamed_load cannot build {name} of this {config.model_type} model; "
+                           "set memory.streamed_load=false")
     model.is_loaded_in_4bit = kind is not None  # peft gives bitsandbytes layers its 4-bit LoRA class on this flag
     return model
 
 
-def _fill_from(model: nn.Module, name: str, module: nn.Module, read) -> None:
-    own = [n for n, _ in module.named_parameters(recurse=False)]
-    own += [n for n, _ in module.named_buffers(recurse=False) if n not in module._non_persistent_buffers_set]
-    if not own:  # only computed buffers (rotary frequencies): transformers recomputes them the same way
-        module.to_empty(device="cpu", recurse=False)
-        model._init_weights(module)
-    for local in own:
+def _build_ends(model, source: FloatSource, embedding: str, dtype: torch.dtype) -> None:
+    """The embedding and LM head, their weights read a row chunk at a time: dense, in the model's own modules
+    (embedding keep), or 4-bit rows behind QuantizedEmbedding / QuantizedHead; a tied head shares the embedding's."""
+    emb, head = model.get_input_embeddings(), model.get_output_embeddings()
+    tied = head is not None and head.weight is emb.weight
+    names = {id(m): n for n, m in model.named_modules()}
+    weight = _build_end(model, names[id(emb)], source.rows(names[id(emb)], emb, embedding, dtype), source, dtype)
+    if head is not None:
+        name = names[id(head)]
+        _build_end(model, name, weight if tied else source.rows(name, head, embedding, dtype), source, dtype, head=True)
+
+
+def _build_end(model, name: str, weight, source: FloatSource, dtype: torch.dtype, head: bool = False):
+    """One end (embedding or head) around its weight; returns the weight a tied head shares."""
+    module = model.get_submodule(name)
+    if isinstance(weight, QuantizedRows):
+        module.weight._is_hf_initialized = True  # the rows stand in for it: nothing reads or draws it
+        _materialise(model, name, module, source)
+        _replace(model, name, _quantized_head(name, module, weight) if head else
+                 _quantized_embedding(name, module, weight, dtype))
+        return weight
+    module.weight = weight if isinstance(weight, nn.Parameter) else nn.Parameter(weight, requires_grad=False)
+    module.weight._is_hf_initialized = True
+    _materialise(model, name, module, source)
+    return module.weight
+
+
+def _quantized_embedding(name: str, module: nn.Module, rows: QuantizedRows, dtype: torch.dtype) -> nn.Module:
+    """The 4-bit embedding around the model's own module, which must give a row the same output whatever the rest
+    of its weight holds (QuantizedEmbedding hands it only the batch's rows)."""
+    embedding = QuantizedEmbedding(rows, dtype, module)
+    probe = torch.randn(4, rows.shape[1], generator=torch.Generator().manual_seed(0)).to(dtype)
+    ids = torch.tensor([[0, 1]])
+    whole = functional_call(embedding.lookup, {"weight": probe}, (ids,))
+    if not torch.equal(functional_call(embedding.lookup, {"weight": probe[:2]}, (ids,)), whole):
+        raise BadInput(f"memory.embedding: the embedding {name} ({type(module).__name__}) reads more of its weight "
+                       "than the batch's rows, which a 4-bit embedding cannot keep; set memory.embedding=keep")
+    return embedding
+
+
+def _quantized_head(name: str, module: nn.Module, rows: QuantizedRows) -> nn.Module:
+    if type(module) is not nn.Linear or module.bias is not None:
+        raise BadInput(f"memory.embedding: the LM head {name} is a {type(module).__name__}"
+                       f"{' with a bias' if getattr(module, 'bias', None) is not None else ''}; a 4-bit head is "
+                       "a bias-free nn.Linear: set memory.embedding=keep")
+    return QuantizedHead(rows)
+
+
+def _materialise(model, name: str, module: nn.Module, source: FloatSource) -> None:
+    """A module's own tensors: loaded (or drawn) by `source`, cast to the dtype the meta model gave them, then its
+    non-persistent buffers computed."""
+    dtypes = {key: tensor.dtype for key, tensor in _persistent(module)}
+    source.fill(model, name, module)
+    for key, tensor in _persistent(module):
+        if tensor.is_floating_point() and tensor.dtype != dtypes[key]:
+            _set(module, key, tensor.to(dtypes[key]))
+    _rebuild_buffers(model, name, module)
+
+
+def _rebuild_buffers(model, name: str, module: nn.Module) -> None:
+    """Non-persistent buffers (rotary tables, Gemma 3's embedding scale) are in no checkpoint. As transformers'
+    meta-device loading does, they start empty and the model's `_init_weights` computes them, every other tensor
+    flagged `_is_hf_initialized` so its guarded init functions pass it by. One it leaves unwritten, or a loaded
+    tensor it writes, means this module cannot be rebuilt: BadInput."""
+    from transformers import initialization
+
+    computed = [key for key in module._non_persistent_buffers_set if module._buffers.get(key) is not None]
+    if not computed:
+        return
+    for key in computed:
+        module._buffers[key] = torch.empty_like(module._buffers[key], device="cpu")
+    for _, tensor in _persistent(module):
+        tensor._is_hf_initialized = True
+    before = {key: (tensor, tensor._version) for key, tensor in _own(module)}
+    with torch.no_grad(), initialization.guard_torch_init_functions():
+        _initializer(model, name)(module)
+    written = {key for key, tensor in _own(module) if tensor is not before[key][0] or tensor._version != before[key][1]}
+    wrong = sorted(written.symmetric_difference(computed))
+    if wrong:
+        what = "does not compute it" if wrong[0] in computed else "overwrites it"
+        raise BadInput(f"model.name: memory.streamed_load cannot rebuild {name}.{wrong[0]} ({type(module).__name__}): "
+                       f"transformers' _init_weights {what}; set memory.streamed_load=false")
+
+
+def _initializer(model, name: str):
+    """The `_init_weights` transformers applies to module `name`: that of the innermost PreTrainedModel holding it."""
+    from transformers import PreTrainedModel
+
+    owner = module = model
+    for part in filter(None, name.split(".")):
+        module = getattr(module, part)
+        owner = module if isinstance(module, PreTrainedModel) else owner
+    return owner._init_weights
+
+
+def _own(module: nn.Module) -> list[tuple[str, torch.Tensor]]:
+    return [*((k, t) for k, t in module._parameters.items() if t is not None),
+            *((k, t) for k, t in module._buffers.items() if t is not None)]
+
+
+def _persistent(module: nn.Module) -> list[tuple[str, torch.Tensor]]:
+    """A module's own parameters and persistent buffers: what a checkpoint holds."""
+    return [(k, t) for k, t in _own(module) if k not in module._non_persistent_buffers_set]
+
+
+def _unloaded(module: nn.Module) -> list[tuple[str, torch.Tensor]]:
+    return [(k, t) for k, t in _persistent(module) if not getattr(t, "_is_hf_initialized", False)]
+
+
+def _set(module: nn.Module, key: str, tensor: torch.Tensor) -> None:
+    if key in module._parameters:
+        module._parameters[key] = nn.Parameter(tensor, requires_grad=False)
+    else:
+        module._buffers[key] = tensor
+
+
+def _fill_from(name: str, module: nn.Module, read) -> None:
+    for local, tensor in _unloaded(module):
         key = f"{name}.{local}" if name else local
-        tensor = read(key)
-        if tensor.shape != getattr(module, local).shape:
-            raise BadInput(f"model.name: tensor {key!r} has shape {list(tensor.shape)}, its config.json says "
-                           f"{list(getattr(module, local).shape)}")
-        setattr(module, local, nn.Parameter(tensor, requires_grad=False) if local in module._parameters else tensor)
+        value = read(key)
+        if value.shape != tensor.shape:
+            raise BadInput(f"model.name: tensor {key!r} has shape {list(value.shape)}, its config.json says "
+                           f"{list(tensor.shape)}")
+        _set(module, local, value)
 
 
 def _has_meta_tensors(module: nn.Module) -> bool:
-    return any(t.is_meta for t in [*module.parameters(recurse=False), *module.buffers(recurse=False)])
+    return any(tensor.is_meta for _, tensor in _own(module))
 
 
 def _replace(model: nn.Module, name: str, new: nn.Module) -> None:
@@ -304,20 +337,3 @@ def _linear4bit(linear: nn.Linear, kind: str, dtype: torch.dtype) -> nn.Module:
     if linear.bias is not None:
         out.bias = nn.Parameter(linear.bias.data.to(dtype), requires_grad=False)
     return out
-
-
-def _dense(weight: torch.Tensor, head: bool) -> nn.Module:
-    rows, cols = weight.shape
-    module = nn.Linear(cols, rows, bias=False, device="meta") if head else nn.Embedding(rows, cols, device="meta")
-    module.weight = nn.Parameter(weight, requires_grad=False)
-    return module
-
-
-def _tied_head(embedding: nn.Module) -> nn.Module:
-    if isinstance(embedding, QuantizedEmbedding):
-        return QuantizedHead(embedding.rows)
-    head = nn.Linear(embedding.embedding_dim, embedding.num_embeddings, bias=False, device="meta")
-    head.weight = embedding.weight
-    return head
-
-

@@ -23,7 +23,7 @@ from ..runtime import log_to
 from . import rundir
 from .rundir import RunDir
 from .distributed import SINGLE, World
-from .hooks import Hook, Reporter, Run, SilentReporter, hooks_for
+from .hooks import Hook, Reporter, Run, SilentReporter, check_initial_loss, hooks_for
 from .job import Job, owned_job, write_report
 from .resume import resume_state, save_adapter
 from .summary import summarize
@@ -71,6 +71,7 @@ def _train(request: RunRequest, reporter: Reporter, job: Job, world: World, owne
         first_step, wall_before, notes = resume_state(run_dir, trainer) if request.resume else (0, 0.0, [])
         run = Run(recipe, run_dir, trainer, loaded, task_data, job, reporter,
                   request.adapter_dir or RunDir(run_dir).adapter, first_step, wall_before, notes)
+        check_initial_loss(run)
         return run, first_step
 
     with rundir.opened_run(run_dir, recipe, request.resume, request.force, world, setup,

@@ -17,9 +17,10 @@ from pathlib import Path
 from typing import Protocol
 
 from ..data import TaskData
-from ..errors import Diverged
+from ..errors import BadInput, Diverged
 from ..evaluate import evaluate_items, summary_row
-from ..model.load import LoadedModel
+from ..model.load import LoadedModel, inference_mode
+from ..model.losses import causal_lm_loss
 from ..recipe import Recipe
 from .distributed import World
 from .job import Job
@@ -173,6 +174,32 @@ class DivergenceStop(Hook):
                     "the last checkpoint (divergence.snapshot: none)")
             run.diverged = Diverged(f"training diverged at step {run.done}: {row['reason']}; the last good state "
                                     f"is {kept}")
+
+
+def check_initial_loss(run: Run) -> None:
+    """train.check_initial_loss: in a fresh run's set-up, before the run dir is claimed, the model's loss over every
+    token of its first batch. Above ln(vocab_size) + 1 it is worse than a uniform guess over the vocabulary, which
+    an untrained model is not: its weights, or how they were built, are wrong; the run stops before training them
+    (and before --force clears an old run). Every token, not only the step's few targets, so that a random-init
+    model's spread around ln(vocab_size) cannot cross the bound."""
+    if run.first_step or not run.recipe.train.check_initial_loss:
+        return
+    vocab = run.loaded.model.config.get_text_config().vocab_size
+    loss, bound = first_batch_loss(run), math.log(vocab) + 1
+    if loss > bound:
+        raise BadInput(f"model.name: the model is broken: its loss on the first batch, {loss:.2f}, is above "
+                       f"ln(vocab_size) + 1 = {bound:.2f}, worse than a uniform guess over its {vocab:,} tokens "
+                       "(set train.check_initial_loss=false to train it anyway)")
+
+
+def first_batch_loss(run: Run) -> float:
+    """Mean next-token loss over every token of the first batch (all ranks' shards), without gradients."""
+    backend = run.trainer.backend
+    batch = {k: v.to(backend.device) for k, v in run.trainer.batches.batch(0).items()}
+    batch["labels"] = batch["input_ids"].masked_fill(batch["attention_mask"] == 0, -100)
+    with inference_mode(run.loaded.model), backend.autocast(run.recipe.train.autocast):
+        summed = float(causal_lm_loss(run.loaded.model, batch))
+    return run.world.total(summed) / max(run.world.total(int((batch["labels"][:, 1:] != -100).sum())), 1.0)
 
 
 class PeriodicEval(Hook):
