@@ -25,6 +25,7 @@ from ..recipe import Recipe
 from .distributed import World
 from .job import Job
 from .resume import save_state
+from .rundir import RunDir
 from .trainer import Trainer
 
 
@@ -148,8 +149,9 @@ class StepLog(Hook):
     an event, shown by the reporter too, and the backend's event rows beside them."""
 
     def at_start(self, run: Run) -> None:
-        board = run.run_dir / "tensorboard" if "tensorboard" in run.recipe.train.report_to else None
-        run.log = MetricsLog(run.run_dir / "metrics.jsonl", board)
+        layout = RunDir(run.run_dir)
+        board = layout.tensorboard if "tensorboard" in run.recipe.train.report_to else None
+        run.log = MetricsLog(layout.metrics, board)
         for note in run.notes:
             run.log.write(note)
 
