@@ -1,12 +1,16 @@
 """Shared helpers for tests that train real (tiny) models."""
 
+import hashlib
 import os
 import subprocess
 import sys
 from pathlib import Path
 
+import torch
 from safetensors.torch import load_file
 
+from lcsb_cli.data import build_train_batches
+from lcsb_cli.model.load import load_model
 from lcsb_cli.recipe import load_recipe
 from lcsb_cli.run.engine import train
 from lcsb_cli.run.per_user import train_per_user
@@ -58,6 +62,27 @@ def cli(*args: str, cwd: Path = REPO, setup=None) -> subprocess.CompletedProcess
     return subprocess.CompletedProcess(["lcsb", *args], code, stdout, stderr)
 
 
+def assert_one_line_error(proc: subprocess.CompletedProcess, *needles: str) -> str:
+    """Bad input as the CLI answers it: exit 2, no traceback, and stderr one `error:` line naming every needle (in
+    any case). Returns that line."""
+    everything = proc.stdout + proc.stderr
+    assert "Traceback" not in everything, everything
+    assert proc.returncode == 2, everything
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error:"), proc.stderr
+    missing = [n for n in needles if n.lower() not in lines[0].lower()]
+    assert not missing, f"{missing} not in {lines[0]!r}"
+    return lines[0]
+
+
+def snapshot(root: Path) -> dict[str, str]:
+    """Every path under root (dirs too, so an added empty or temp dir shows) with the sha256 of each file."""
+    return {
+        str(p.relative_to(root)): "dir" if p.is_dir() else hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+    }
+
+
 class Quiet:
     def on_start(self, info):
         pass
@@ -79,9 +104,22 @@ def adapter_tensors(run_dir: Path) -> dict:
     return load_file(run_dir / "adapter" / "adapter_model.safetensors")
 
 
-def assert_same_tensors(a: dict, b: dict) -> None:
-    import torch
+def model_and_first_batch(*overrides: str, for_gradients: bool = False):
+    """The tiny LaMP-2 recipe's model (with `overrides`) on the CPU, and its first training batch. `for_gradients`:
+    LoRA B (zero at the start) gets seeded values, so every LoRA tensor gets a gradient, and the model trains."""
+    recipe = load_recipe(LAMP2, list(overrides))
+    loaded = load_model(recipe, torch.device("cpu"))
+    batch = build_train_batches(recipe, loaded.tokenizer).batch(0)
+    if for_gradients:
+        with torch.no_grad():
+            for name, p in loaded.model.named_parameters():
+                if "lora_B" in name:
+                    p.copy_(torch.randn(p.shape, generator=torch.Generator().manual_seed(len(name))) * 0.05)
+        loaded.model.train()
+    return loaded, batch
 
+
+def assert_same_tensors(a: dict, b: dict) -> None:
     assert a.keys() == b.keys()
     for key in a:
         assert torch.equal(a[key], b[key]), key

@@ -12,7 +12,6 @@ which must stay empty.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -20,17 +19,11 @@ from pathlib import Path
 
 import pytest
 
-from helpers import LAMP2, REPO, cli, lcsb, run_train
+from helpers import LAMP2, REPO, assert_one_line_error, cli, lcsb, run_train, snapshot
 from noisy_library import MARK, import_library, noisy_from_pretrained
 
 DATA = REPO / "recipes" / "data" / "lamp2"
 pytestmark = pytest.mark.filterwarnings(f"ignore:{MARK}")  # in this process pytest records them; fresh ones show
-def snapshot(root: Path) -> dict[str, str]:
-    """Every path under root (dirs too, so an added empty or temp dir shows) with the sha256 of each file."""
-    return {
-        str(p.relative_to(root)): "dir" if p.is_dir() else hashlib.sha256(p.read_bytes()).hexdigest()
-        for p in sorted(root.rglob("*"))
-    }
 
 
 # --- the world the cases run in ------------------------------------------------------------------
@@ -230,21 +223,14 @@ def test_bad_input_exits_2_with_one_line_and_touches_nothing(world, tmp_path, no
 
     proc = cli(*argv, setup=noisy)
 
-    everything = proc.stdout + proc.stderr
-    assert "Traceback" not in everything, everything
-    assert proc.returncode == 2, everything
-    lines = [line for line in proc.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1, proc.stderr
-    line = lines[0]
-    assert line.startswith("error:"), line
-    missing = [n for n in needles if n.lower() not in line.lower()]
-    assert not missing, f"{missing} not in {line!r}"
+    assert_one_line_error(proc, *needles)
     after = snapshot(world)
     assert sorted(after) == sorted(before), "the refused command added or removed files"
     assert after == before, "the refused command changed files"
     assert not any(tmp_path.iterdir()), f"the refused command created {sorted(tmp_path.iterdir())}"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", ["misspelt-nested-key", "model-not-causal-lm", "eval-run-eval-file-missing",
                                   "export-run-without-adapter"])
 def test_a_fresh_process_prints_the_same_one_line(world, tmp_path, noisy, case):
@@ -256,6 +242,7 @@ def test_a_fresh_process_prints_the_same_one_line(world, tmp_path, noisy, case):
     assert len(fresh.stderr.splitlines()) == 1
 
 
+@pytest.mark.slow
 def test_verbose_shows_the_libraries_lines_too(world, tmp_path):
     """The same bad input with -v: the stand-in library's records and warnings on stderr, then the error line."""
     argv = ["-v", *[fill(a, {"bad": world / "bad", "new": tmp_path / "new"}) for a in

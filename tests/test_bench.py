@@ -11,6 +11,7 @@ from helpers import LAMP2, REPO, cli
 FIELDS = {"name", "median_step_time_s", "tokens_per_s", "peak_mem_mb", "final_loss", "eval", "diverged", "speedup"}
 
 
+@pytest.mark.slow
 def test_bench_runs_methods_interleaved_and_writes_its_reports(tmp_path):
     out = tmp_path / "bench"
     cmd = [sys.executable, "-m", "lcsb_cli", "bench", str(LAMP2), "--compare", "full-backprop", "--compare", "mezo",
@@ -45,6 +46,7 @@ def test_bench_runs_methods_interleaved_and_writes_its_reports(tmp_path):
     assert "GFLOP/s (of limit)" in (out / "bench.md").read_text()
 
 
+@pytest.mark.slow
 def test_bench_evaluates_a_completion_recipe_by_loss_and_rouge(tmp_path):
     out, qa = tmp_path / "bench", REPO / "recipes" / "data" / "qa"
     cmd = [sys.executable, "-m", "lcsb_cli", "bench", str(LAMP2), "--compare", "full-backprop", "--steps", "1",
@@ -60,6 +62,7 @@ def test_bench_evaluates_a_completion_recipe_by_loss_and_rouge(tmp_path):
     assert "eval rougeL" in (out / "bench.md").read_text()
 
 
+@pytest.mark.slow
 def test_bench_refuses_an_unknown_method_before_starting_anything(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "lcsb_cli", "bench", str(LAMP2), "--compare", "sgd",
                            "--output", str(tmp_path / "b")], cwd=REPO, capture_output=True, text=True)
@@ -225,6 +228,7 @@ def test_equal_time_gives_each_method_full_backprops_time_within_one_step():
     assert workers["lcsb:4"].horizon == warmup + round(10 / 0.35) and workers["full-backprop"].horizon is None
 
 
+@pytest.mark.slow
 def test_bench_over_seeds_at_equal_time_and_its_eval_matches_lcsb_eval(tmp_path):
     out = tmp_path / "bench"
     proc = subprocess.run([sys.executable, "-m", "lcsb_cli", "bench", str(LAMP2), "--compare", "full-backprop",

@@ -6,9 +6,11 @@ import shutil
 import subprocess
 import sys
 
+import pytest
 import torch
 from helpers import LAMP2, REPO, adapter_tensors, assert_same_tensors, cli
 
+pytestmark = pytest.mark.slow  # two ranks, each a fresh interpreter
 COMMON = ("train.max_steps=4", "train.save_every=2", "train.log_every=1", "train.lr_scheduler=constant")
 
 

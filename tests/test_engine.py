@@ -136,6 +136,7 @@ def test_target_position_loss_equals_the_full_logits_loss_and_gradients():
     assert len(fast) > 0
 
 
+@pytest.mark.slow
 def test_lr_1000_stop_exits_3_naming_the_step_and_rollback_ends_finite(tmp_path):
     import json
     import os

@@ -160,6 +160,7 @@ def _files(path):
             f"data.eval={path / 'dev_questions.json'}", f"data.eval_labels={path / 'dev_outputs.json'}"]
 
 
+@pytest.mark.slow
 def test_heldout_files_train_and_evaluate_and_predictions_recompute(tmp_path, official_layout):
     run_dir = tmp_path / "run"
     run_train(run_dir, *_files(official_layout), "train.max_steps=4", "train.eval_every=2", "data.profile_k=2")
@@ -190,6 +191,7 @@ def test_generate_mode_writes_stripped_answers(tmp_path):
     assert all(p["output"] == p["output"].strip() and "\n" not in p["output"] for p in predictions)
 
 
+@pytest.mark.slow
 def test_per_user_runs_train_one_adapter_each_and_report_per_user(tmp_path, official_layout):
     dev = json.loads((official_layout / "dev_questions.json").read_text())
     two_users = sorted({q["user_id"] for q in dev})[:2]

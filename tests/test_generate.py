@@ -3,14 +3,13 @@ input (exit 2, one line, nothing touched)."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
 from pathlib import Path
 
 import pytest
 import torch
-from helpers import LAMP2, REPO, cli, run_train
+from helpers import LAMP2, REPO, assert_one_line_error, cli, run_train, snapshot
 
 from lcsb_cli.run.rundir import resolve_target
 from lcsb_cli.errors import BadInput
@@ -119,11 +118,6 @@ def test_chat_prompt_ids_is_a_plain_list_from_the_template(tiny):
 
 # --- a trained run, its merged export and the CLI ------------------------------------------------
 
-def snapshot(root: Path) -> dict[str, str]:
-    return {str(p.relative_to(root)): "dir" if p.is_dir() else hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(root.rglob("*"))}
-
-
 def _with_template(source: Path, target: Path, template: str | None) -> Path:
     """A copy of a model dir whose tokenizer has exactly `template` as its chat template (None: none)."""
     shutil.copytree(source, target)
@@ -229,9 +223,5 @@ def test_bad_input_exits_2_with_one_line(world, args, needles):
 
     proc = cli("generate", *[a.replace("{w}", str(world)) for a in args])
 
-    assert "Traceback" not in proc.stdout + proc.stderr, proc.stderr
-    assert proc.returncode == 2, proc.stdout + proc.stderr
-    lines = [line for line in proc.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error:"), proc.stderr
-    assert not [n for n in needles if n.lower() not in lines[0].lower()], lines[0]
+    assert_one_line_error(proc, *needles)
     assert snapshot(world) == before

@@ -6,7 +6,10 @@ import shutil
 import subprocess
 import sys
 
+import pytest
 from helpers import REPO
+
+pytestmark = pytest.mark.slow  # builds and installs a wheel
 
 
 def test_a_wheel_installed_elsewhere_lists_validates_and_trains_the_shipped_recipes(tmp_path):

@@ -4,10 +4,12 @@ import json
 import subprocess
 import sys
 
+import pytest
 from helpers import REPO
 from synthetic import pretrain_documents
 
 
+@pytest.mark.slow
 def test_build_script_runs_a_few_steps_and_writes_a_loadable_checkpoint(tmp_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

@@ -26,6 +26,7 @@ print(json.dumps(sorted(sys.modules)))
 """
 
 
+@pytest.mark.slow
 def test_a_training_process_never_loads_the_compiler_or_the_data_and_plotting_stacks(tmp_path):
     """bitsandbytes' import-time torch.compile would load inductor's compiler; datasets (pyarrow, pandas) and
     matplotlib belong to the formats and verbs that use them. The process starts without TORCHDYNAMO_DISABLE in its

@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 import yaml
-from helpers import LAMP2, REPO, lcsb
+from helpers import LAMP2, REPO, lcsb, model_and_first_batch
 from safetensors.torch import load_file
 
 from lcsb_cli.data import build_train_batches
@@ -27,14 +27,7 @@ STREAMED = ["quantization=nf4", "memory.streamed_load=true"]
 
 
 def loss_and_grads(*overrides):
-    recipe = load_recipe(LAMP2, list(overrides))
-    loaded = load_model(recipe, torch.device("cpu"))
-    batch = build_train_batches(recipe, loaded.tokenizer).batch(0)
-    with torch.no_grad():  # LoRA B starts at zero; give it values so every LoRA tensor gets a gradient
-        for name, p in loaded.model.named_parameters():
-            if "lora_B" in name:
-                p.copy_(torch.randn(p.shape, generator=torch.Generator().manual_seed(len(name))) * 0.05)
-    loaded.model.train()
+    loaded, batch = model_and_first_batch(*overrides, for_gradients=True)
     loss = causal_lm_loss(loaded.model, batch)
     loss.backward()
     return loss.detach(), {n: p.grad for n, p in loaded.model.named_parameters() if p.grad is not None}
@@ -145,9 +138,7 @@ def test_chunked_cross_entropy_equals_the_full_logits_loss_and_gradients(monkeyp
 
 
 def test_a_head_with_forward_hooks_is_applied_whole_so_the_hooks_see_it():
-    recipe = load_recipe(LAMP2, [])
-    loaded = load_model(recipe, torch.device("cpu"))
-    batch = build_train_batches(recipe, loaded.tokenizer).batch(0)
+    loaded, batch = model_and_first_batch()
     calls = []
     loaded.model.get_output_embeddings().register_forward_hook(lambda module, args, out: calls.append(out.shape))
     causal_lm_loss(loaded.model, batch).backward()
@@ -172,9 +163,7 @@ def test_chunked_cross_entropy_never_holds_the_full_logits(monkeypatch):
 
 
 def test_probe_sees_checkpointing_shrink_the_active_blocks_saved_activations():
-    recipe = load_recipe(LAMP2, [])
-    loaded = load_model(recipe, torch.device("cpu"))
-    batch = build_train_batches(recipe, loaded.tokenizer).batch(0)
+    loaded, batch = model_and_first_batch()
     probe, saved = loaded.probe, {}
     loaded.model.train()
     for checkpointing in (True, False):
@@ -225,6 +214,7 @@ print(rss_mb() - start)
 """
 
 
+@pytest.mark.slow
 def test_mmap_threshold_returns_freed_blocks_the_heap_would_keep():
     kept = run_python(ALLOCATE.format(threshold=0))
     returned = run_python(ALLOCATE.format(threshold=128))
@@ -287,6 +277,7 @@ def test_breakdown_parts_match_what_the_test_counts_itself():
     assert 0 < figures["runtime_mb"] < figures["peak_rss_mb"] and resident_now <= figures["peak_rss_mb"]
 
 
+@pytest.mark.slow
 def test_a_runs_summary_breakdown_holds_lora_and_adamw_and_leaves_no_negative_rest(tmp_path):
     """In a process of its own (as a user runs it) the parts were all resident above the runtime at once, so the
     unexplained rest cannot be negative. Full backprop keeps per adapter parameter at least 16 bytes (the fp32

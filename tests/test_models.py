@@ -2,27 +2,14 @@
 
 import pytest
 import torch
-from helpers import LAMP2, adapter_tensors, run_train
+from helpers import LAMP2, adapter_tensors, model_and_first_batch, run_train
 from torch import nn
 
-from lcsb_cli.data import build_train_batches
 from lcsb_cli.model.load import inference_mode, load_model
 from lcsb_cli.model.losses import causal_lm_loss
 from lcsb_cli.recipe import load_recipe
 from lcsb_cli.run.rundir import read_metrics
 from lcsb_cli.selective import SelectiveLayers, partition
-
-
-def tiny(*overrides):
-    recipe = load_recipe(LAMP2, list(overrides))
-    loaded = load_model(recipe, torch.device("cpu"))
-    batch = build_train_batches(recipe, loaded.tokenizer).batch(0)
-    with torch.no_grad():  # LoRA B starts at zero; give it values so every path carries gradient
-        for name, p in loaded.model.named_parameters():
-            if "lora_B" in name:
-                p.normal_(std=0.05, generator=torch.Generator().manual_seed(hash(name) % 2**31))
-    loaded.model.train()
-    return loaded, batch
 
 
 def lora_grads(model: nn.Module) -> dict:
@@ -35,7 +22,7 @@ def layer_of(name: str) -> int:
 
 def per_block_grads(upper_path: str, num_blocks: int):
     """(full-backprop LoRA grads, blocks, [LoRA grads with each block active in turn])."""
-    loaded, batch = tiny()
+    loaded, batch = model_and_first_batch(for_gradients=True)
     causal_lm_loss(loaded.model, batch).backward()
     reference = lora_grads(loaded.model)
     loaded.model.zero_grad(set_to_none=True)
@@ -88,7 +75,7 @@ def _linear4bit(model):
 
 
 def test_4bit_model_keeps_every_lora_gradient_after_evaluation():
-    loaded, batch = tiny("quantization=nf4")
+    loaded, batch = model_and_first_batch("quantization=nf4", for_gradients=True)
     with inference_mode(loaded.model):
         loaded.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
     assert not getattr(_linear4bit(loaded.model).weight.quant_state, "packing_format_for_cpu", False)
@@ -100,7 +87,7 @@ def test_4bit_model_keeps_every_lora_gradient_after_evaluation():
 
 def test_plain_eval_forward_would_repack_4bit_weights():
     """Documents the bitsandbytes hazard inference_mode exists for (on CPUs with AVX512-BF16)."""
-    loaded, batch = tiny("quantization=nf4")
+    loaded, batch = model_and_first_batch("quantization=nf4", for_gradients=True)
     if not _linear4bit(loaded.model).support_avx512bf16_for_cpu:
         pytest.skip("bitsandbytes repacks only on CPUs with AVX512-BF16")
     loaded.model.eval()

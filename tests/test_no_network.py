@@ -6,6 +6,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from helpers import LAMP2, REPO
 
 NO_SOCKETS_TRAIN = """
@@ -32,6 +34,7 @@ print("HUB-KERNELS", _kernels_enabled())
 """
 
 
+@pytest.mark.slow
 def test_a_4bit_run_with_the_hub_online_never_touches_the_network(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE",
                                                              "HF_DATASETS_OFFLINE", "USE_HUB_KERNELS")}

@@ -4,7 +4,7 @@ import json
 
 import pytest
 import torch
-from helpers import LAMP2, REPO, adapter_tensors, assert_same_tensors, cli, run_train
+from helpers import LAMP2, REPO, adapter_tensors, assert_one_line_error, assert_same_tensors, cli, run_train
 from safetensors.torch import load_file
 
 pytest.importorskip("onnxruntime_qnn", reason="the npu extra: pip install -e '.[npu]'")
@@ -34,6 +34,7 @@ def _rows(run_dir):
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("contract_rows", [False, True], ids=["forward", "input-grad"])
 def test_htp_products_equal_npu_sim_within_one_step_and_fp32_within_the_stated_error(contract_rows):
     """On lamp-tiny's real weights: each QDQ product within one output step of npu-sim's emulation of the same graph,
@@ -108,6 +109,7 @@ def test_a_failed_run_is_retried_once_then_the_layer_falls_back_to_the_cpu_lane(
     assert executor.take_fallbacks() == ["0.mlp.up_proj"]  # reported once
 
 
+@pytest.mark.slow
 def test_training_on_npu_htp_tracks_cpu_and_a_failing_layer_falls_back_with_an_event(tmp_path, monkeypatch):
     run_train(tmp_path / "cpu", "train.max_steps=6", *SHORT)
     real = htp_session.HtpGraph._run_block
@@ -132,6 +134,7 @@ def test_training_on_npu_htp_tracks_cpu_and_a_failing_layer_falls_back_with_an_e
     assert choice["max_relative_error"]["w8a16"] < choice["max_relative_error"]["w8a8"]
 
 
+@pytest.mark.slow
 def test_lamp_tiny_on_npu_htp_tracks_cpu_within_2_percent_over_6_steps(tmp_path):
     for backend in ("cpu", "npu-htp"):
         run_train(tmp_path / backend, "train.max_steps=6", f"backend={backend}", "data.user=null",
@@ -141,6 +144,7 @@ def test_lamp_tiny_on_npu_htp_tracks_cpu_within_2_percent_over_6_steps(tmp_path)
     assert len(htp) == 6 and all(abs(h - c) / c < 0.02 for h, c in zip(htp, cpu))
 
 
+@pytest.mark.slow
 def test_npu_htp_resume_is_bit_identical_and_the_second_run_loads_compiled_graphs(tmp_path, monkeypatch):
     same = ("train.save_every=2", "backend=npu-htp", "train.lr_scheduler=constant", "npu_sim.calibration_steps=2",
             *SHORT)
@@ -162,7 +166,6 @@ def test_npu_htp_without_the_extra_is_one_line_naming_the_install(monkeypatch):
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "onnxruntime_qnn" else real(name, *a))
     proc = cli("validate", str(LAMP2), "backend=npu-htp")
-    assert proc.returncode == 2 and proc.stderr.strip().endswith("pip install -e '.[npu]'")
-    assert len(proc.stderr.strip().splitlines()) == 1
+    assert assert_one_line_error(proc).endswith("pip install -e '.[npu]'")
     proc = cli("validate", str(LAMP2), "backend=npu-htp", "npu_sim.weights=int4")
     assert proc.returncode == 2 and "npu_sim.weights" in proc.stderr

@@ -108,6 +108,7 @@ class SignalAt(Quiet):
             os.kill(os.getpid(), signal.SIGTERM)
 
 
+@pytest.mark.slow
 def test_sigterm_finishes_the_step_checkpoints_and_resume_is_bit_identical(tmp_path):
     recipe = load_recipe(OVERNIGHT, [*TINY, "train.max_steps=8", "train.save_every=0"])
     whole = train(recipe, tmp_path / "whole", Quiet())
@@ -123,6 +124,7 @@ def test_sigterm_finishes_the_step_checkpoints_and_resume_is_bit_identical(tmp_p
     assert job["resumes"] == 1 and [i["step"] for i in job["interruptions"]] == [3]
 
 
+@pytest.mark.slow
 def test_a_forced_hot_phone_pauses_training_and_it_still_finishes(tmp_path):
     profile = load_recipe(OVERNIGHT).npu_sim.device
     from lcsb_cli.backends.npu_sim.device import load_profile
@@ -171,6 +173,7 @@ def _steps_logged(run_dir):
     return sum('"loss"' in line for line in path.read_text().splitlines()) if path.is_file() else 0
 
 
+@pytest.mark.slow
 def test_cli_sigterm_exits_0_and_resume_finishes_with_a_morning_report(tmp_path):
     """The shipped recipe as documented: SIGTERM mid-run, then --resume; report.json/md tell the night."""
     run = tmp_path / "night"
@@ -190,6 +193,7 @@ def test_cli_sigterm_exits_0_and_resume_finishes_with_a_morning_report(tmp_path)
     assert "before training" in (run / "report.md").read_text()
 
 
+@pytest.mark.slow
 def test_cli_ctrl_c_checkpoints_and_exits_130(tmp_path):
     run = tmp_path / "run"
     proc, err, stopped_at = _signalled(signal.SIGINT, 2, run, str(REPO / "tests" / "tiny.yaml"), "train.max_steps=400",
@@ -208,6 +212,7 @@ def _sample_with_bad_lines(tmp_path) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_bad_jsonl_lines_stop_the_run_or_are_skipped_and_counted(tmp_path):
     data = _sample_with_bad_lines(tmp_path)
     strict = load_recipe(OVERNIGHT, [*TINY, f"data.train={data}", "data.on_bad_line=error", "train.max_steps=2"])

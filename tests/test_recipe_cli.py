@@ -1,25 +1,18 @@
 """Recipes (typing, paths, overrides, errors), the CLI contract (exit codes, stderr) and run-dir safety."""
 
-import hashlib
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
-from typer.testing import CliRunner
+from helpers import REPO, assert_one_line_error, cli, lcsb, snapshot
 
 from lcsb_cli import recipe as rc
-from lcsb_cli.cli import app
 from lcsb_cli.errors import BadInput
 from lcsb_cli.run import rundir
 from lcsb_cli.run.checkpoint import checkpoint_dirs
 
-REPO = Path(__file__).resolve().parent.parent
 LAMP2 = REPO / "recipes" / "lamp2.yaml"
-runner = CliRunner()
 
 
 def write_recipe(path: Path, replace: dict[str, str] | None = None, drop: tuple[str, ...] = ()) -> Path:
@@ -146,26 +139,17 @@ def test_bad_files(tmp_path):
 
 # --- CLI -----------------------------------------------------------------------------------------
 
-def cli(*args, cwd: Path = REPO):
-    old = Path.cwd()
-    os.chdir(cwd)
-    try:
-        return runner.invoke(app, list(args))
-    finally:
-        os.chdir(old)
-
-
 def test_cli_help_recipes_validate():
     result = cli("--help")
-    assert result.exit_code == 0 and all(v in result.output for v in ("train", "validate", "recipes"))
+    assert result.returncode == 0 and all(v in result.stdout for v in ("train", "validate", "recipes"))
     result = cli("recipes")
-    assert result.exit_code == 0 and "lamp2" in result.output
+    assert result.returncode == 0 and "lamp2" in result.stdout
     result = cli("validate", "recipes/lamp2.yaml", "train.max_steps=7")
-    assert result.exit_code == 0, result.output
+    assert result.returncode == 0, result.stderr
     assert "max_steps: 7" in result.stdout
     resolved = yaml.safe_load(result.stdout)  # the output is the resolved recipe, as YAML
     assert resolved["train"]["max_steps"] == 7 and resolved["output_dir"] == "runs/lamp2-tiny"
-    assert cli("validate", "lamp2").exit_code == 0  # a shipped recipe by name
+    assert cli("validate", "lamp2").returncode == 0  # a shipped recipe by name
 
 
 @pytest.mark.parametrize("args,key", [
@@ -174,47 +158,38 @@ def test_cli_help_recipes_validate():
     (["validate", "recipes/missing.yaml"], "missing.yaml"),
 ])
 def test_cli_bad_input_exits_2_with_one_line(args, key):
-    result = cli(*args)
-    assert result.exit_code == 2
-    lines = result.stderr.splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error:") and key in lines[0], result.stderr
-    assert "Traceback" not in result.output
+    assert key in assert_one_line_error(cli(*args))
 
 
 def test_cli_debug_shows_traceback():
     result = cli("--debug", "validate", "recipes/lamp2.yaml", "lcsb.blocks=0")
-    assert result.exit_code == 2
+    assert result.returncode == 2
     assert "Traceback" in result.stderr and "BadInput" in result.stderr
 
 
-def run_lcsb(*args, cwd: Path = REPO):
-    env = {k: v for k, v in os.environ.items() if k not in ("FORCE_COLOR", "PYTHONWARNINGS")}
-    return subprocess.run([sys.executable, "-m", "lcsb_cli", *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=60)
-
-
 def test_subprocess_validate_ok():
-    proc = run_lcsb("validate", "recipes/lamp2.yaml", "train.max_steps=7")
+    proc = lcsb("validate", "recipes/lamp2.yaml", "train.max_steps=7")
     assert proc.returncode == 0 and "max_steps: 7" in proc.stdout and proc.stderr == ""
 
 
 def test_subprocess_bad_input_stderr_exact():
-    proc = run_lcsb("validate", "recipes/lamp2.yaml", "lcsb.blcks=2")
+    proc = lcsb("validate", "recipes/lamp2.yaml", "lcsb.blcks=2")
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr == ("error: command line: override 'lcsb.blcks=2': unknown key lcsb.blcks; did you mean "
                            "lcsb.blocks?\n")  # the typo is on the command line, not in the file
-    proc = run_lcsb("validate", "recipes/lamp2.yaml", "backend=tpu")
+    proc = lcsb("validate", "recipes/lamp2.yaml", "backend=tpu")
     assert proc.returncode == 2
     assert proc.stderr == "error: backend: 'tpu' is not one of cpu, cuda, npu-sim, npu-htp\n"
 
 
+@pytest.mark.slow
 def test_version_and_short_help_with_examples_and_flags_shown_as_flags():
     from importlib.metadata import version
 
-    proc = run_lcsb("--version")
+    proc = lcsb("--version")
     assert (proc.returncode, proc.stdout) == (0, f"lcsb {version('lcsb')}\n")
     for verb in ("train", "eval", "generate", "validate", "bench", "export", "recipes"):
-        proc = run_lcsb(verb, "-h")
+        proc = lcsb(verb, "-h")
         assert proc.returncode == 0 and "Example" in proc.stdout, verb
         assert verb in ("validate", "export", "recipes") or "lcsb validate RECIPE" in " ".join(proc.stdout.split())
         flags = [line for line in proc.stdout.splitlines()
@@ -225,23 +200,18 @@ def test_version_and_short_help_with_examples_and_flags_shown_as_flags():
 def test_a_hub_id_is_refused_at_validate_with_how_to_fetch_it(tmp_path):
     hub = "error: model.name: 'Qwen/Qwen2.5-0.5B' is no local path, and lcsb downloads nothing; fetch it yourself " \
           "with `hf download Qwen/Qwen2.5-0.5B --local-dir DIR`, then set model.name=DIR\n"
-    proc = run_lcsb("validate", "recipes/lamp2.yaml", "model.name=Qwen/Qwen2.5-0.5B")
+    proc = lcsb("validate", "recipes/lamp2.yaml", "model.name=Qwen/Qwen2.5-0.5B")
     assert (proc.returncode, proc.stdout, proc.stderr) == (2, "", hub)
     recipe = tmp_path / "hub.yaml"
     recipe.write_text((REPO / "recipes" / "lamp2.yaml").read_text() + "\nmodel: {name: Qwen/Qwen2.5-0.5B}\n")
-    proc = run_lcsb("validate", str(recipe))
+    proc = lcsb("validate", str(recipe))
     assert (proc.returncode, proc.stderr) == (2, hub)
     (tmp_path / "Qwen" / "Qwen2.5-0.5B").mkdir(parents=True)  # a local dir of that name is a path, as typed
-    assert run_lcsb("validate", str(REPO / "recipes" / "lamp2.yaml"), "model.name=Qwen/Qwen2.5-0.5B",
-                    cwd=tmp_path).returncode == 0
+    assert lcsb("validate", str(REPO / "recipes" / "lamp2.yaml"), "model.name=Qwen/Qwen2.5-0.5B",
+                cwd=tmp_path).returncode == 0
 
 
 # --- run dir safety ------------------------------------------------------------------------------
-
-def snapshot(root: Path) -> dict:
-    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(root.rglob("*")) if p.is_file()}
-
 
 def fake_run(run: Path) -> Path:
     run.mkdir(parents=True)
@@ -254,8 +224,9 @@ def test_train_refuses_an_existing_run_without_force(tmp_path):
     run = fake_run(tmp_path / "run")
     before = snapshot(run)
     result = cli("train", "recipes/lamp2.yaml", "--output", str(run), "train.max_steps=1")
-    assert result.exit_code == 2, result.output
-    assert "--force" in result.stderr and "--resume" in result.stderr and "Traceback" not in result.output
+    assert result.returncode == 2, result.stderr
+    assert "--force" in result.stderr and "--resume" in result.stderr
+    assert "Traceback" not in result.stdout + result.stderr
     assert snapshot(run) == before
 
 
@@ -263,7 +234,7 @@ def test_resume_without_checkpoints_exits_2_and_leaves_the_dir(tmp_path):
     run = fake_run(tmp_path / "run")
     before = snapshot(run)
     result = cli("train", "recipes/lamp2.yaml", "--output", str(run), "--resume", "train.max_steps=1")
-    assert result.exit_code == 2 and "checkpoint" in result.stderr, result.output
+    assert result.returncode == 2 and "checkpoint" in result.stderr, result.stderr
     assert snapshot(run) == before
 
 

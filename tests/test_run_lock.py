@@ -6,6 +6,8 @@ import os
 import signal
 import subprocess
 import sys
+
+import pytest
 import time
 
 from helpers import LAMP2, REPO, cli, lcsb, run_train
@@ -23,6 +25,7 @@ def wait_for_checkpoint(run, writer, timeout=180):
         time.sleep(0.5)
 
 
+@pytest.mark.slow
 def test_a_second_writer_is_refused_and_a_killed_writer_blocks_nothing(tmp_path):
     run = tmp_path / "run"
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}

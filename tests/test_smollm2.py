@@ -26,7 +26,8 @@ from lcsb_cli.run.trainer import target_tokens
 
 REPO = Path(__file__).resolve().parent.parent
 PROMPTS = ["The capital of France is", "Once upon a time, a little robot", "def add(a, b):\n"]
-pytestmark = pytest.mark.xdist_group("smollm2")  # one worker converts the base and trains the run once
+# one worker converts the base and trains the run once
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("smollm2")]
 RUN = ["backend=cpu", "model.dtype=bfloat16", "train.max_steps=10", "train.batch_size=2", "train.save_every=0",
        "overnight.report=false", "data.max_length=64"]
 

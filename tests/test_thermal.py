@@ -63,6 +63,7 @@ def test_the_state_round_trips():
     assert copy.advance(1.0, 5.0) == thermal.advance(1.0, 5.0) and copy.state_dict() == thermal.state_dict()
 
 
+@pytest.mark.slow
 def test_a_projected_night_throttles_when_the_closed_form_says_and_then_pauses_at_max_temp():
     path = Path(__file__).resolve().parents[1] / "scripts" / "thermal_night.py"
     spec = importlib.util.spec_from_file_location("thermal_night", path)

@@ -98,6 +98,7 @@ FORMATS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("schedule, data, window", [("cyclic", "lamp2", 0), ("random", "lamp2", 2),
                                                     ("cyclic", "text", 0), ("cyclic", "chat", 0)])
 def test_sigkill_then_resume_is_bit_identical(tmp_path, schedule, data, window):
@@ -131,6 +132,7 @@ def test_sigkill_then_resume_is_bit_identical(tmp_path, schedule, data, window):
     assert [r["active_block"] for r in rows] == [r["active_block"] for r in ref_rows]
 
 
+@pytest.mark.slow
 def test_report_to_tensorboard_writes_every_metrics_row_that_reads_back(tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
