@@ -4,7 +4,8 @@ import warnings as _warnings
 
 from . import runtime as _runtime
 
-_runtime.install()  # before any third-party import: environment knobs, no hub kernels, stderr owned by lcsb
+# before any third-party import: environment knobs, no hub kernels, stderr owned by lcsb
+_runtime.install()
 _warnings.filterwarnings("ignore", category=FutureWarning, module=r"(transformers|peft)\b")
 # MeZO steps no optimizer, yet the LR schedule must advance: torch's ordering warning does not apply.
 _warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler.step\(\)` before")

@@ -7,8 +7,8 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 
 def write_dir(target: Path, write: Callable[[Path], None], replace: bool = False) -> bool:
@@ -21,7 +21,8 @@ def write_dir(target: Path, write: Callable[[Path], None], replace: bool = False
     tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}-"))
     old = target.with_name(f"{tmp.name}.old")
     try:
-        tmp.chmod(0o755)  # mkdtemp's 0700 would make the result private
+        # mkdtemp's 0700 would make the result private
+        tmp.chmod(0o755)
         write(tmp)
         _fsync(tmp)
         swapped = target.is_dir() and (replace or not any(target.iterdir()))
@@ -31,7 +32,8 @@ def write_dir(target: Path, write: Callable[[Path], None], replace: bool = False
             os.rename(tmp, target)
         except OSError:
             if swapped:
-                old.rename(target)  # the old target is put back as it was
+                # the old target is put back as it was
+                old.rename(target)
                 raise
             if target.is_dir():
                 return False

@@ -14,8 +14,16 @@ from .model.load import inference_mode
 from .recipe import Recipe
 
 
-def generate_ids(model, tokenizer, prompts: list[list[int]], max_new_tokens: int, temperature: float = 0.0,
-                 seed: int = 0, streamer=None, stop: Sequence[str] = ()) -> list[list[int]]:
+def generate_ids(
+    model,
+    tokenizer,
+    prompts: list[list[int]],
+    max_new_tokens: int,
+    temperature: float = 0.0,
+    seed: int = 0,
+    streamer=None,
+    stop: Sequence[str] = (),
+) -> list[list[int]]:
     """Each prompt's new tokens, cut before the first stop token (`stop_ids`); a row also ends once its text
     holds a `stop` string (those tokens are kept: `generate_texts` cuts the text).
 
@@ -37,22 +45,38 @@ def generate_ids(model, tokenizer, prompts: list[list[int]], max_new_tokens: int
     forked = [device] if device.type == "cuda" else []
     with inference_mode(model), torch.random.fork_rng(devices=forked):
         torch.manual_seed(seed)
-        out = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device), max_new_tokens=max_new_tokens,
-                             use_cache=True, eos_token_id=stops or None, pad_token_id=pad_id, streamer=streamer,
-                             **sampling)
-    ends = [*stops, pad_id] if stop else stops  # a row that a stop string ended is padded from there on
-    return [_until_stop(row, ends) for row in out[:, ids.shape[1]:].tolist()]
+        out = model.generate(
+            input_ids=ids.to(device),
+            attention_mask=mask.to(device),
+            max_new_tokens=max_new_tokens,
+            use_cache=True,
+            eos_token_id=stops or None,
+            pad_token_id=pad_id,
+            streamer=streamer,
+            **sampling,
+        )
+    # a row that a stop string ended is padded from there on
+    ends = [*stops, pad_id] if stop else stops
+    return [_until_stop(row, ends) for row in out[:, ids.shape[1] :].tolist()]
 
 
-def generate_texts(model, tokenizer, prompts: list[list[int]], max_new_tokens: int, temperature: float = 0.0,
-                   seed: int = 0, streamer=None, stop: Sequence[str] = ()) -> list[str]:
+def generate_texts(
+    model,
+    tokenizer,
+    prompts: list[list[int]],
+    max_new_tokens: int,
+    temperature: float = 0.0,
+    seed: int = 0,
+    streamer=None,
+    stop: Sequence[str] = (),
+) -> list[str]:
     """Each prompt's new text, ended before its first `stop` string."""
     new = generate_ids(model, tokenizer, prompts, max_new_tokens, temperature, seed, streamer, stop)
     return [cut_at_stop(text, stop) for text in tokenizer.batch_decode(new, skip_special_tokens=True)]
 
 
 def cut_at_stop(text: str, stop: Sequence[str]) -> str:
-    return text[:min((i for i in (text.find(s) for s in stop if s) if i >= 0), default=len(text))]
+    return text[: min((i for i in (text.find(s) for s in stop if s) if i >= 0), default=len(text))]
 
 
 def text_streamer(tokenizer, stop: Sequence[str] = ()):
@@ -93,8 +117,8 @@ def left_padded(prompts: list[list[int]], pad_id: int) -> tuple[torch.Tensor, to
     ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
     mask = torch.zeros_like(ids)
     for row, prompt in enumerate(prompts):
-        ids[row, width - len(prompt):] = torch.tensor(prompt)
-        mask[row, width - len(prompt):] = 1
+        ids[row, width - len(prompt) :] = torch.tensor(prompt)
+        mask[row, width - len(prompt) :] = 1
     return ids, mask
 
 
@@ -106,8 +130,10 @@ def _until_stop(tokens: list[int], stops: list[int]) -> list[int]:
 def chat_prompt_ids(tokenizer, messages: list[dict]) -> list[int]:
     """The conversation in the tokenizer's chat template, ending with the assistant's turn opened."""
     if not getattr(tokenizer, "chat_template", None):
-        raise BadInput(f"{tokenizer.name_or_path}: the tokenizer has no chat template; use a chat (instruct) model, "
-                       "or give plain prompts without --chat")
+        raise BadInput(
+            f"{tokenizer.name_or_path}: the tokenizer has no chat template; use a chat (instruct) model, "
+            "or give plain prompts without --chat"
+        )
     encoded = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=True)
     return list(encoded["input_ids"])
 
@@ -140,14 +166,23 @@ def _input(line: str, chat: bool, where: str) -> str | list[dict]:
         return item["messages"]
     if isinstance(item, dict) and isinstance(item.get("prompt"), str):
         return item["prompt"]
-    wanted = '{"prompt": TEXT} or {"messages": [{"role": ..., "content": ...}, ...]}' if chat else \
-        '{"prompt": TEXT} (messages need --chat)'
+    wanted = (
+        '{"prompt": TEXT} or {"messages": [{"role": ..., "content": ...}, ...]}'
+        if chat
+        else '{"prompt": TEXT} (messages need --chat)'
+    )
     raise BadInput(f"{where}: expected {wanted}")
 
 
 def _is_conversation(messages) -> bool:
-    return isinstance(messages, list) and bool(messages) and all(
-        isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in messages)
+    return (
+        isinstance(messages, list)
+        and bool(messages)
+        and all(
+            isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+            for m in messages
+        )
+    )
 
 
 @dataclass(frozen=True)
@@ -161,8 +196,9 @@ class Sampling:
     stop: tuple[str, ...] = ()
 
 
-def run_generate(recipe: Recipe, adapter: Path | None, inputs: list[str | list[dict]], chat: bool,
-                 sampling: Sampling) -> list[str]:
+def run_generate(
+    recipe: Recipe, adapter: Path | None, inputs: list[str | list[dict]], chat: bool, sampling: Sampling
+) -> list[str]:
     """Load the model once, then stream each input's generation to stdout, one prompt at a time; the texts."""
     from .backends import get_backend
     from .model.load import load_model
@@ -174,6 +210,14 @@ def run_generate(recipe: Recipe, adapter: Path | None, inputs: list[str | list[d
     texts = []
     for prompt in prompts:
         streamer = text_streamer(loaded.tokenizer, sampling.stop)
-        texts += generate_texts(loaded.model, loaded.tokenizer, [prompt], sampling.max_new_tokens,
-                                sampling.temperature, sampling.seed, streamer, sampling.stop)
+        texts += generate_texts(
+            loaded.model,
+            loaded.tokenizer,
+            [prompt],
+            sampling.max_new_tokens,
+            sampling.temperature,
+            sampling.seed,
+            streamer,
+            sampling.stop,
+        )
     return texts

@@ -15,7 +15,8 @@ import torch
 from torch import nn
 
 from .errors import BadInput
-from .recipe import LcsbConfig, Recipe, get_key
+from .recipe import get_key
+from .recipe_schema import LcsbConfig, Recipe
 from .selective import BlockSchedule, IdleMomentum, SelectiveLayers, partition
 
 
@@ -49,8 +50,14 @@ class Method:
     data_parallel = True
 
     @classmethod
-    def build(cls, recipe: Recipe, model: nn.Module, layers: nn.ModuleList, params: list[nn.Parameter],
-              optimizer: torch.optim.Optimizer) -> Method:
+    def build(
+        cls,
+        recipe: Recipe,
+        model: nn.Module,
+        layers: nn.ModuleList,
+        params: list[nn.Parameter],
+        optimizer: torch.optim.Optimizer,
+    ) -> Method:
         raise NotImplementedError
 
     @classmethod
@@ -107,15 +114,18 @@ class Lcsb(Method):
         """Averaged over the K blocks (identity: the active block only; exact / exactW: the block and the layers
         above it that backprop exactly)."""
         window = layers if recipe.lcsb.upper_path == "exact" else recipe.lcsb.exact_above
-        spans = [_span(layers, block.start, block.stop + window, block) for block in
-                 partition(layers, recipe.lcsb.blocks)]
+        spans = [
+            _span(layers, block.start, block.stop + window, block) for block in partition(layers, recipe.lcsb.blocks)
+        ]
         return Plan(1, *(tuple(map(statistics.fmean, zip(*parts))) for parts in zip(*spans)))
 
-    def __init__(self, layers: nn.ModuleList, optimizer: torch.optim.Optimizer, cfg: LcsbConfig, checkpointing: bool,
-                 seed: int):
+    def __init__(
+        self, layers: nn.ModuleList, optimizer: torch.optim.Optimizer, cfg: LcsbConfig, checkpointing: bool, seed: int
+    ):
         self.blocks = cfg.blocks
-        self.selective = SelectiveLayers(layers, partition(len(layers), cfg.blocks), cfg.upper_path, checkpointing,
-                                         cfg.exact_above)
+        self.selective = SelectiveLayers(
+            layers, partition(len(layers), cfg.blocks), cfg.upper_path, checkpointing, cfg.exact_above
+        )
         self.schedule = BlockSchedule(cfg.blocks, cfg.schedule, seed=seed)
         block_params = [self.selective.block_parameters(b) for b in range(cfg.blocks)]
         self.idle = IdleMomentum(optimizer, block_params) if cfg.idle_update == "momentum" else None
@@ -281,8 +291,9 @@ def make_optimizer(kind: str, params: list[nn.Parameter], lr: float, weight_deca
     return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
 
 
-def build_method(recipe: Recipe, model: nn.Module, layers: nn.ModuleList,
-                 params: list[nn.Parameter]) -> tuple[Method, torch.optim.Optimizer]:
+def build_method(
+    recipe: Recipe, model: nn.Module, layers: nn.ModuleList, params: list[nn.Parameter]
+) -> tuple[Method, torch.optim.Optimizer]:
     """The recipe's method and its optimizer: one over all LoRA `params`, built before any method freezes a layer,
     at the method's learning rate (mezo.lr for MeZO, train.lr for the gradient methods)."""
     method = METHODS[recipe.method]

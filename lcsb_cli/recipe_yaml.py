@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import difflib
 import math
@@ -15,7 +16,8 @@ import yaml
 from .errors import BadInput
 
 PATH_KEYS = ("data.train", "data.train_labels", "data.eval", "data.eval_labels")
-NAME_OR_PATH_KEYS = ("model.name", "npu_sim.device")  # a built-in name, or a path (a "/" in it, or a .gguf file)
+# a built-in name, or a path (a "/" in it, or a .gguf file)
+NAME_OR_PATH_KEYS = ("model.name", "npu_sim.device")
 HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 
 
@@ -40,8 +42,10 @@ def _path_like(value) -> bool:
 def _local_path(text: str, base: Path, key: str) -> str:
     path = (base / Path(text).expanduser()).resolve()
     if key == "model.name" and not path.exists() and HUB_ID.fullmatch(text):
-        raise BadInput(f"model.name: {text!r} is no local path, and lcsb downloads nothing; fetch it yourself with "
-                       f"`hf download {text} --local-dir DIR`, then set model.name=DIR")
+        raise BadInput(
+            f"model.name: {text!r} is no local path, and lcsb downloads nothing; fetch it yourself with "
+            f"`hf download {text} --local-dir DIR`, then set model.name=DIR"
+        )
     return str(path)
 
 
@@ -55,7 +59,8 @@ def apply_override(raw: dict, item: str, schema: type) -> None:
         value = yaml.safe_load(text) if text else None
     except yaml.YAMLError:
         value = text
-    if key in PATH_KEYS and value is not None:  # the text as typed unless YAML read a string (a file named 2024)
+    # the text as typed unless YAML read a string (a file named 2024)
+    if key in PATH_KEYS and value is not None:
         value = str(Path(value if isinstance(value, str) else text).expanduser().resolve())
     elif key in NAME_OR_PATH_KEYS and _path_like(value):
         value = _local_path(value, Path.cwd(), key)
@@ -121,10 +126,9 @@ def _coerce(hint, value, key: str, source: str):
     if hint is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
     if hint is float and isinstance(value, str):
-        try:
-            value = float(value)  # YAML 1.1 reads 1e-4 as a string
-        except ValueError:
-            pass
+        # YAML 1.1 reads 1e-4 as a string
+        with contextlib.suppress(ValueError):
+            value = float(value)
     if hint is float and isinstance(value, float) and not math.isfinite(value):
         raise BadInput(f"{source}: {key} must be a finite number, got {value!r}")
     if hint is str and isinstance(value, (int, float)) and not isinstance(value, bool):

@@ -42,12 +42,19 @@ class RichReporter:
             soft_wrap=True,
         )
         for note in info.get("notes", []):
-            self.console.print(f"[yellow]warning:[/] skipped checkpoint step-{note['step']}: {note['reason']}; "
-                               f"resuming from step-{note['resumed_from']}", highlight=False)
+            self.console.print(
+                f"[yellow]warning:[/] skipped checkpoint step-{note['step']}: {note['reason']}; "
+                f"resuming from step-{note['resumed_from']}",
+                highlight=False,
+            )
         if self.console.is_terminal:
             self.progress = Progress(
-                TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[status]}"),
-                TimeRemainingColumn(), console=self.console,
+                TextColumn("[bold]train"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("{task.fields[status]}"),
+                TimeRemainingColumn(),
+                console=self.console,
             )
             self.progress.start()
             self.task = self.progress.add_task(
@@ -55,7 +62,8 @@ class RichReporter:
             )
 
     def on_step(self, row: dict) -> None:
-        if "loss" not in row:  # a held-out row, or an event of its own
+        # a held-out row, or an event of its own
+        if "loss" not in row:
             self.console.print(f"step {row['step']}: {held_out_line(row)}", highlight=False, soft_wrap=True)
             return
         if math.isfinite(row.get("loss") or math.nan):
@@ -64,7 +72,8 @@ class RichReporter:
         trend = f" {sparkline(self.losses)}" if self.progress is not None else ""
         status = (
             f"loss {row['loss']:.4f}{trend}  lr {row['lr']:.2e}  {row['tokens_per_s']:,.0f} tok/s  "
-            f"{row['peak_mem_mb']:.0f} MB  block {block}" + _simulated(row)
+            f"{row['peak_mem_mb']:.0f} MB  block {block}"
+            + _simulated(row)
             + (f"  [red]{row['event']}[/]" if "event" in row else "")
         )
         if self.progress is not None:
@@ -77,17 +86,24 @@ class RichReporter:
             self.progress.stop()
         self.console.print(key_value_table("summary", {k: v for k, v in summary.items() if not k.startswith("eval_")}))
         if summary.get("eval_before") and summary.get("eval_after"):
-            self.console.print(what_it_bought(summary["eval_before"], summary["eval_after"]), highlight=False,
-                               soft_wrap=True)
+            self.console.print(
+                what_it_bought(summary["eval_before"], summary["eval_after"]), highlight=False, soft_wrap=True
+            )
         if summary.get("users") and summary.get("run_dir"):
-            self.console.print(f"adapters saved to {summary['run_dir']}/adapters; report: {summary['run_dir']}/report.md; "
-                               f"next: lcsb generate {summary['run_dir']} --user ID --prompt TEXT", highlight=False,
-                               soft_wrap=True)
+            self.console.print(
+                f"adapters saved to {summary['run_dir']}/adapters; report: {summary['run_dir']}/report.md; "
+                f"next: lcsb generate {summary['run_dir']} --user ID --prompt TEXT",
+                highlight=False,
+                soft_wrap=True,
+            )
         elif summary.get("adapter"):
-            self.console.print(f"adapter saved to {summary['adapter']}; next: lcsb eval {summary['run_dir']}",
-                               highlight=False, soft_wrap=True)
+            self.console.print(
+                f"adapter saved to {summary['adapter']}; next: lcsb eval {summary['run_dir']}",
+                highlight=False,
+                soft_wrap=True,
+            )
 
-    def for_user(self, user_id: str) -> "UserLine":
+    def for_user(self, user_id: str) -> UserLine:
         return UserLine(self.console, user_id)
 
 
@@ -106,7 +122,8 @@ class UserLine:
     def on_end(self, summary: dict) -> None:
         self.console.print(
             f"{self.user_id}: {summary['steps']} steps, final loss {summary['final_loss']:.4f}, "
-            f"{summary['wall_time_s']:.1f} s", highlight=False,
+            f"{summary['wall_time_s']:.1f} s",
+            highlight=False,
         )
 
 
@@ -121,8 +138,15 @@ class Phases:
     def __call__(self, what: str, n: int):
         start = time.perf_counter()
         if self.console.is_terminal:
-            with Progress(TextColumn(what), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[rate]}"),
-                          TimeRemainingColumn(), console=self.console, transient=True) as progress:
+            with Progress(
+                TextColumn(what),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("{task.fields[rate]}"),
+                TimeRemainingColumn(),
+                console=self.console,
+                transient=True,
+            ) as progress:
                 yield _advancer(progress, progress.add_task(what, total=n, rate=""), start)
         else:
             yield lambda done: None
@@ -154,8 +178,13 @@ def _advancer(progress: Progress, task, start: float):
 
 def what_it_bought(before: dict, after: dict) -> str:
     """`accuracy 0.511 -> 0.689 (majority 0.144), macro-F1 0.481 -> 0.653` (or the format's own metrics)."""
-    names = {"accuracy": "accuracy", "macro_f1": "macro-F1", "exact_match": "exact match", "rougeL": "ROUGE-L",
-             "perplexity": "perplexity"}
+    names = {
+        "accuracy": "accuracy",
+        "macro_f1": "macro-F1",
+        "exact_match": "exact match",
+        "rougeL": "ROUGE-L",
+        "perplexity": "perplexity",
+    }
     shown = [key for key in names if key in before and key in after][:2] or ["loss"]
     parts = [f"{names.get(key, key)} {before[key]:.3f} -> {after[key]:.3f}" for key in shown]
     if "majority_accuracy" in after:
@@ -171,8 +200,10 @@ def held_out_line(row: dict) -> str:
 def _simulated(row: dict) -> str:
     if "sim_step_time_s" not in row:
         return ""
-    return (f"  [cyan]phone {row['sim_step_time_s'] * 1e3:.1f} ms {row['sim_energy_j']:.2f} J "
-            f"{row['sim_temp_c']:.1f} C NPU {row['npu_util']:.0%}[/]")
+    return (
+        f"  [cyan]phone {row['sim_step_time_s'] * 1e3:.1f} ms {row['sim_energy_j']:.2f} J "
+        f"{row['sim_temp_c']:.1f} C NPU {row['npu_util']:.0%}[/]"
+    )
 
 
 def key_value_table(title: str, data: dict) -> Table:
@@ -196,9 +227,17 @@ def _flat(data: dict, prefix: str = ""):
             yield f"{prefix}{key}", value
 
 
-EVAL_COLUMNS = {"accuracy": "accuracy", "macro_f1": "macro-F1", "majority_accuracy": "majority accuracy",
-                "out_of_label": "out of label", "exact_match": "exact match", "rouge1": "ROUGE-1", "rougeL": "ROUGE-L",
-                "loss": "loss", "perplexity": "perplexity"}
+EVAL_COLUMNS = {
+    "accuracy": "accuracy",
+    "macro_f1": "macro-F1",
+    "majority_accuracy": "majority accuracy",
+    "out_of_label": "out of label",
+    "exact_match": "exact match",
+    "rouge1": "ROUGE-1",
+    "rougeL": "ROUGE-L",
+    "loss": "loss",
+    "perplexity": "perplexity",
+}
 
 
 def eval_table(result: dict) -> Table:
@@ -209,4 +248,3 @@ def eval_table(result: dict) -> Table:
         table.add_column(EVAL_COLUMNS[key], justify="right")
     table.add_row(*(str(result[key]) if isinstance(result[key], int) else f"{result[key]:.4f}" for key in shown))
     return table
-

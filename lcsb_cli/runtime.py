@@ -19,7 +19,8 @@ import sys
 import warnings
 from pathlib import Path
 
-LOG_FILE = "lcsb.log"  # in a run directory
+# in a run directory
+LOG_FILE = "lcsb.log"
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 PACKAGE_DIR = str(Path(__file__).resolve().parent)
 
@@ -39,14 +40,15 @@ def _block_hub_kernels() -> None:
     `kernels.get_kernel(...)` itself, which downloads from the hub and imports what it got."""
     os.environ["USE_HUB_KERNELS"] = "NO"
     if sys.modules.get("kernels") is None:
-        sys.modules["kernels"] = None  # the import system's own "not importable" marker
+        # the import system's own "not importable" marker
+        sys.modules["kernels"] = None
 
 
 class _LibraryLogger(logging.Logger):
     """The logger class of every library: it may not attach a handler that writes to the terminal, and its records
     always propagate to the root, where lcsb decides where they go."""
 
-    def addHandler(self, handler: logging.Handler) -> None:  # noqa: N802 - logging's name
+    def addHandler(self, handler: logging.Handler) -> None:
         if not _writes_to_terminal(handler):
             super().addHandler(handler)
 
@@ -61,7 +63,11 @@ class _LibraryLogger(logging.Logger):
 
 def _writes_to_terminal(handler: logging.Handler) -> bool:
     return type(handler) is logging.StreamHandler and handler.stream in (
-        sys.stderr, sys.stdout, sys.__stderr__, sys.__stdout__)
+        sys.stderr,
+        sys.stdout,
+        sys.__stderr__,
+        sys.__stdout__,
+    )
 
 
 def _adopt_existing_loggers() -> None:
@@ -93,7 +99,7 @@ class ThirdPartyRecords(logging.Handler):
                 self.file.flush()
             else:
                 self.pending.append(line)
-        except Exception:  # noqa: BLE001 - logging's own contract: a failing handler reports, never raises
+        except Exception:
             self.handleError(record)
 
     def attach(self, path: Path | None) -> Path | None:

@@ -17,7 +17,8 @@ class Window:
         t = now.time()
         if self.start < self.end:
             return self.start <= t < self.end
-        return t >= self.start or t < self.end  # across midnight
+        # across midnight
+        return t >= self.start or t < self.end
 
     def seconds_until_start(self, now: dt.datetime) -> float:
         return 0.0 if self.contains(now) else _seconds_until(now, self.start)
@@ -34,11 +35,11 @@ def _seconds_until(now: dt.datetime, at: dt.time) -> float:
 
 
 def parse_window(text: str) -> Window:
-    """"HH:MM-HH:MM" (the end may be earlier than the start: the window crosses midnight)."""
+    """ "HH:MM-HH:MM" (the end may be earlier than the start: the window crosses midnight)."""
     try:
         start, end = (dt.time.fromisoformat(part.strip()) for part in text.split("-"))
     except ValueError:
-        raise BadInput(f"overnight.window: {text!r} is not HH:MM-HH:MM, e.g. \"01:00-06:00\"") from None
+        raise BadInput(f'overnight.window: {text!r} is not HH:MM-HH:MM, e.g. "01:00-06:00"') from None
     if start == end:
         raise BadInput(f"overnight.window: {text!r} starts and ends at the same time; leave it unset for no window")
     return Window(start, end)

@@ -23,8 +23,12 @@ from lcsb_cli.recipe import load_recipe
 
 def whole_row_logprobs(model, prompts, answers, owners, pad_id, device) -> torch.Tensor:
     """The old path: every prompt + answer as its own right-padded row, one question's rows a forward."""
-    return torch.cat([_whole_rows(model, [(prompts[o], a) for o, a in zip(owners, answers) if o == q], pad_id, device)
-                      for q in range(len(prompts))])
+    return torch.cat(
+        [
+            _whole_rows(model, [(prompts[o], a) for o, a in zip(owners, answers) if o == q], pad_id, device)
+            for q in range(len(prompts))
+        ]
+    )
 
 
 def _whole_rows(model, pairs, pad_id, device) -> torch.Tensor:
@@ -39,8 +43,9 @@ def _whole_rows(model, pairs, pad_id, device) -> torch.Tensor:
 def timed(path, model, batches, pad_id, device) -> tuple[float, torch.Tensor]:
     start = time.perf_counter()
     with inference_mode(model):
-        scores = torch.cat([path(model, prompts, answers, owners, pad_id, device)
-                            for prompts, answers, owners, _ in batches])
+        scores = torch.cat(
+            [path(model, prompts, answers, owners, pad_id, device) for prompts, answers, owners, _ in batches]
+        )
     return time.perf_counter() - start, scores
 
 
@@ -55,18 +60,25 @@ def main() -> None:
     loaded = load_model(recipe, backend.device)
     backend.prepare(loaded)
     tokenizer, size = loaded.tokenizer, recipe.eval.batch_size
-    questions = load_task(recipe, tokenizer).need_held_out()[:args.questions or None]
-    batches = []  # (prompts, answers, owners within the batch, owners among all questions)
+    questions = load_task(recipe, tokenizer).need_held_out()[: args.questions or None]
+    # (prompts, answers, owners within the batch, owners among all questions)
+    batches = []
     for start in range(0, len(questions), size):
-        chunk = questions[start:start + size]
+        chunk = questions[start : start + size]
         answers, owners, _ = candidate_answers(tokenizer, chunk)
-        batches.append(([prompt_ids(tokenizer, q, recipe) for q in chunk], answers, owners, [start + o for o in owners]))
+        batches.append(
+            ([prompt_ids(tokenizer, q, recipe) for q in chunk], answers, owners, [start + o for o in owners])
+        )
     owners = [o for batch in batches for o in batch[3]]
-    timed(answer_logprobs, loaded.model, batches[:1], tokenizer.pad_token_id, backend.device)  # warm-up
+    # warm-up
+    timed(answer_logprobs, loaded.model, batches[:1], tokenizer.pad_token_id, backend.device)
     old_s, old = timed(whole_row_logprobs, loaded.model, batches, tokenizer.pad_token_id, backend.device)
     new_s, new = timed(answer_logprobs, loaded.model, batches, tokenizer.pad_token_id, backend.device)
-    same = all(max((i for i, o in enumerate(owners) if o == q), key=lambda i: old[i]) ==
-               max((i for i, o in enumerate(owners) if o == q), key=lambda i: new[i]) for q in range(len(questions)))
+    same = all(
+        max((i for i, o in enumerate(owners) if o == q), key=lambda i: old[i])
+        == max((i for i, o in enumerate(owners) if o == q), key=lambda i: new[i])
+        for q in range(len(questions))
+    )
     print(f"{recipe.model.name}: {len(questions)} questions, {len(owners)} tag rows, eval batch {size}")
     print(f"whole rows (old) {old_s:.1f} s, shared prefix (new) {new_s:.1f} s: {old_s / new_s:.2f}x")
     print(f"max abs score difference {float((old - new).abs().max()):.2e}; same tag picked for every question: {same}")

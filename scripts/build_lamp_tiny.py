@@ -15,9 +15,9 @@ from pathlib import Path
 
 import torch
 import yaml
+from synthetic import pretrain_documents
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, get_cosine_schedule_with_warmup
 
-from synthetic import pretrain_documents
 from lcsb_cli.model.load import PRESET_DIR, TOKENIZER_DIR
 
 SHAPE = PRESET_DIR / "lamp-tiny.yaml"
@@ -49,7 +49,8 @@ def main() -> None:
     data = packed_sequences(tokenizer, pretrain_documents(args.seed, args.docs), args.length)
     special = {"eos_token_id": tokenizer.eos_token_id, "pad_token_id": tokenizer.pad_token_id}
     model = AutoModelForCausalLM.from_config(AutoConfig.for_model(spec["architecture"], **spec["config"], **special))
-    model.generation_config.update(**special)  # so plain `generate` stops at the end of an answer
+    # so plain `generate` stops at the end of an answer
+    model.generation_config.update(**special)
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.1, betas=(0.9, 0.95))
     schedule = get_cosine_schedule_with_warmup(optimizer, max(args.steps // 20, 1), args.steps)
@@ -85,7 +86,7 @@ statements by synthetic users with their own tag habits, LaMP-2 questions answer
 movie blurbs). Its users are not the sample's, and it never saw a question beside its asker's profile: it knows
 a population's cue -> tag habits, not any one user's. Weights are bf16 safetensors.
 
-- shape: {spec['config']}
+- shape: {spec["config"]}
 - parameters: about {params / 1e6:.1f}M
 - corpus: {args.docs} documents (seed {args.seed}), packed into {len(data)} sequences of {args.length} tokens
 - training: {args.steps} steps x {args.batch} sequences, AdamW lr {args.lr} (cosine, 5% warmup), wd 0.1,

@@ -13,9 +13,16 @@ import os
 import subprocess
 import sys
 
-TRAINING_PATH = ["torch", "transformers", "transformers.models.qwen2.modeling_qwen2", "bitsandbytes", "peft",
-                 "lcsb_cli.run.engine"]
-OFF_PATH = ["datasets", "matplotlib.pyplot", "onnxruntime"]  # loaded only by the verbs and formats that use them
+TRAINING_PATH = [
+    "torch",
+    "transformers",
+    "transformers.models.qwen2.modeling_qwen2",
+    "bitsandbytes",
+    "peft",
+    "lcsb_cli.run.engine",
+]
+# loaded only by the verbs and formats that use them
+OFF_PATH = ["datasets", "matplotlib.pyplot", "onnxruntime"]
 
 PROBE = """
 import importlib, json, sys
@@ -34,18 +41,22 @@ def rss_around_last_import(modules: list[str], dynamo_disabled: bool) -> tuple[f
     env = {k: v for k, v in os.environ.items() if k != "TORCHDYNAMO_DISABLE"}
     if dynamo_disabled:
         env["TORCHDYNAMO_DISABLE"] = "1"
-    out = subprocess.run([sys.executable, "-c", PROBE, *modules], env=env, capture_output=True, text=True,
-                         check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-c", PROBE, *modules], env=env, capture_output=True, text=True, check=True
+    ).stdout
     return tuple(json.loads(out.splitlines()[-1]))
 
 
 def main() -> None:
     print("| import | defaults: MiB before | MiB after | as lcsb runs: MiB before | MiB after |")
     print("| --- | --- | --- | --- | --- |")
-    rows = [TRAINING_PATH[:i + 1] for i in range(len(TRAINING_PATH))]
+    rows = [TRAINING_PATH[: i + 1] for i in range(len(TRAINING_PATH))]
     rows += [TRAINING_PATH + [name] for name in OFF_PATH]
     for modules in rows:
-        default, lean = rss_around_last_import(modules, dynamo_disabled=False), rss_around_last_import(modules, dynamo_disabled=True)
+        default, lean = (
+            rss_around_last_import(modules, dynamo_disabled=False),
+            rss_around_last_import(modules, dynamo_disabled=True),
+        )
         print(f"| {modules[-1]} | {default[0]:.0f} | {default[1]:.0f} | {lean[0]:.0f} | {lean[1]:.0f} |")
 
 

@@ -31,8 +31,10 @@ DAYS = 14
 START = datetime(2026, 11, 16, tzinfo=timezone.utc)
 WAKING_HOURS = (7, 23)
 HABIT_SENDER = "nora"
-HABIT_SHARE = 0.15  # share of messages from nora, always filed under family
-HABIT_WORK_SHARE = 0.6  # share of nora's messages that are about work
+# share of messages from nora, always filed under family
+HABIT_SHARE = 0.15
+# share of nora's messages that are about work
+HABIT_WORK_SHARE = 0.6
 
 SENDERS = {
     "work": ("boss kim", "the team lead", "hr office", "client desk", "project board"),
@@ -42,19 +44,46 @@ SENDERS = {
     "finance": ("the bank", "credit card service", "tax office", "insurance company", "savings account"),
 }
 PHRASES = {
-    "work": ("the quarterly report is due friday", "meeting moved to the big room",
-             "review the slides for the client", "the project deadline is next week",
-             "sign the contract draft before noon", "update the team on the budget"),
-    "family": ("dinner at home on sunday", "happy birthday to your little brother", "call grandpa after school today",
-               "pick up the kids from school", "love you and miss you", "the family picnic is on saturday"),
-    "shopping": ("your order has shipped", "big sale on winter shoes", "your cart is waiting with two items",
-                 "coupon for half price bread", "the parcel arrives tomorrow", "new discount on fresh fruit"),
-    "travel": ("your flight boards at gate twelve", "check in for your trip is open",
-               "your hotel room is ready", "the train to the city is delayed",
-               "your seat on the plane is confirmed", "pick up the rental car at nine"),
-    "finance": ("your salary payment arrived", "a card payment of forty dollars",
-                "your monthly statement is ready", "the loan interest rate changed",
-                "pay your tax bill by the end of the month", "low balance on your account"),
+    "work": (
+        "the quarterly report is due friday",
+        "meeting moved to the big room",
+        "review the slides for the client",
+        "the project deadline is next week",
+        "sign the contract draft before noon",
+        "update the team on the budget",
+    ),
+    "family": (
+        "dinner at home on sunday",
+        "happy birthday to your little brother",
+        "call grandpa after school today",
+        "pick up the kids from school",
+        "love you and miss you",
+        "the family picnic is on saturday",
+    ),
+    "shopping": (
+        "your order has shipped",
+        "big sale on winter shoes",
+        "your cart is waiting with two items",
+        "coupon for half price bread",
+        "the parcel arrives tomorrow",
+        "new discount on fresh fruit",
+    ),
+    "travel": (
+        "your flight boards at gate twelve",
+        "check in for your trip is open",
+        "your hotel room is ready",
+        "the train to the city is delayed",
+        "your seat on the plane is confirmed",
+        "pick up the rental car at nine",
+    ),
+    "finance": (
+        "your salary payment arrived",
+        "a card payment of forty dollars",
+        "your monthly statement is ready",
+        "the loan interest rate changed",
+        "pay your tax bill by the end of the month",
+        "low balance on your account",
+    ),
 }
 PREFIXES = ("message from", "text from", "reminder from", "new note from", "notification from")
 SUFFIXES = ("", "", "please reply today", "see you soon", "thanks a lot", "check it when you can", "no rush")
@@ -78,8 +107,9 @@ def _message(rng: random.Random) -> tuple[str, str]:
         labels = list(LABEL_WEIGHTS)
         topic = label = rng.choices(labels, weights=[LABEL_WEIGHTS[x] for x in labels])[0]
         sender = rng.choice(SENDERS[topic])
-    text = " ".join(part for part in (rng.choice(PREFIXES), sender, rng.choice(PHRASES[topic]), rng.choice(SUFFIXES))
-                    if part)
+    text = " ".join(
+        part for part in (rng.choice(PREFIXES), sender, rng.choice(PHRASES[topic]), rng.choice(SUFFIXES)) if part
+    )
     return text, label
 
 

@@ -20,14 +20,21 @@ from lcsb_cli.run.engine import build_trainer
 
 DEFAULTS = ["method=lcsb", "lcsb.blocks=4", "lcsb.upper_path=identity", "model.dtype=bfloat16"]
 GEMM = {"aten::mm", "aten::addmm", "aten::bmm"}
-GEMM_WRAPPERS = {"aten::linear", "aten::matmul"}  # their self time is dispatch; the product is the mm inside
-CATEGORIES = [  # the first pattern an op's name matches names its group
+# their self time is dispatch; the product is the mm inside
+GEMM_WRAPPERS = {"aten::linear", "aten::matmul"}
+# the first pattern an op's name matches names its group
+CATEGORIES = [
     ("attention (sdpa)", r"scaled_dot_product|flash_attention|_efficient_attention"),
     ("softmax / loss", r"softmax|logsumexp|cross_entropy|nll_loss|ChunkedHeadCrossEntropy"),
     ("copies / casts", r"aten::(copy_|to|_to_copy|contiguous|clone)$"),
-    ("elementwise / norm / activations", (r"aten::(add|sub|mul|div|neg|pow|rsqrt|sqrt|mean|sum|silu|sigmoid|exp|log|"
-                                          r"where|cat|masked_fill|fill|zero|addcmul|addcdiv|lerp|clamp|eq|ne|lt|gt|"
-                                          r"ge|le|linalg_vector_norm|_foreach_\w+|\w+_backward)_?$")),
+    (
+        "elementwise / norm / activations",
+        (
+            r"aten::(add|sub|mul|div|neg|pow|rsqrt|sqrt|mean|sum|silu|sigmoid|exp|log|"
+            r"where|cat|masked_fill|fill|zero|addcmul|addcdiv|lerp|clamp|eq|ne|lt|gt|"
+            r"ge|le|linalg_vector_norm|_foreach_\w+|\w+_backward)_?$"
+        ),
+    ),
 ]
 
 
@@ -35,15 +42,17 @@ def family(shapes: list[list[int]], model) -> str:
     """A GEMM's shape family from its operands' dimensions: LoRA (rank r), MLP, k/v, q/o, or the LM head."""
     config, rank = model.config, model.peft_config["default"].r
     dims = {d for shape in shapes for d in shape}
-    kv = config.num_key_value_heads * (getattr(config, "head_dim", None) or
-                                       config.hidden_size // config.num_attention_heads)
+    kv = config.num_key_value_heads * (
+        getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    )
     if rank in dims:
         return f"LoRA (r={rank})"
     if config.intermediate_size in dims:
         return f"MLP gate/up/down ({config.hidden_size}x{config.intermediate_size})"
     if kv in dims and kv != config.hidden_size:
         return f"k/v ({config.hidden_size}x{kv})"
-    if len(dims) > 2:  # targets x hidden x slice rows; the q/o products have only tokens and hidden
+    # targets x hidden x slice rows; the q/o products have only tokens and hidden
+    if len(dims) > 2:
         return "LM head (vocabulary slices)"
     return f"q/o ({config.hidden_size}x{config.hidden_size})"
 
@@ -83,18 +92,23 @@ def main() -> None:
         if event.name in GEMM or event.name in GEMM_WRAPPERS:
             pass_ = "backward" if in_backward(event) else "forward"
             shapes = [s for s in event.input_shapes if s]
-            fam = gemms["linear / matmul dispatch" if event.name in GEMM_WRAPPERS else
-                        f"{family(shapes, loaded.model)}, {pass_}"]
+            fam = gemms[
+                "linear / matmul dispatch"
+                if event.name in GEMM_WRAPPERS
+                else f"{family(shapes, loaded.model)}, {pass_}"
+            ]
             fam[0] += ms
             fam[1] += (event.flops or 0) / args.steps
             groups["GEMMs"] += ms
         else:
             groups[category(event.name)] += ms
     groups["Python / other overhead"] = step_ms - sum(groups.values())
-    print(f"{recipe.model.name} {recipe.method} K={recipe.lcsb.blocks} {recipe.lcsb.upper_path}, {recipe.model.dtype} "
-          f"weights, autocast {recipe.train.autocast}, batch {recipe.train.batch_size}; {args.steps} profiled steps, "
-          f"median {statistics.median(r['step_time_s'] for r in rows):.2f} s; blocks "
-          f"{[r['active_block'] for r in rows]}; tokens {[r['tokens'] for r in rows]}")
+    print(
+        f"{recipe.model.name} {recipe.method} K={recipe.lcsb.blocks} {recipe.lcsb.upper_path}, {recipe.model.dtype} "
+        f"weights, autocast {recipe.train.autocast}, batch {recipe.train.batch_size}; {args.steps} profiled steps, "
+        f"median {statistics.median(r['step_time_s'] for r in rows):.2f} s; blocks "
+        f"{[r['active_block'] for r in rows]}; tokens {[r['tokens'] for r in rows]}"
+    )
     print(f"{'group':<48}{'ms/step':>10}{'share':>8}{'GFLOP/s':>10}")
     for label, ms in sorted(groups.items(), key=lambda kv: -kv[1]):
         print(f"{label:<48}{ms:>10.1f}{ms / step_ms:>8.1%}")

@@ -10,8 +10,11 @@ import argparse
 import json
 from pathlib import Path
 
-METRICS = {"lamp2": ("accuracy", "macro_f1", "loss"), "qa": ("exact_match", "rougeL", "loss"),
-           "text": ("perplexity", "loss")}
+METRICS = {
+    "lamp2": ("accuracy", "macro_f1", "loss"),
+    "qa": ("exact_match", "rougeL", "loss"),
+    "text": ("perplexity", "loss"),
+}
 
 
 def cell(mean: float, std: float | None) -> str:
@@ -20,8 +23,12 @@ def cell(mean: float, std: float | None) -> str:
 
 def task_table(out: Path, task: str) -> list[str]:
     metrics = METRICS[task]
-    lines = ["| budget | method | steps | speedup | peak RSS (MB) | final train loss | "
-             + " | ".join(f"held-out {m}" for m in metrics) + " |", "|" + " --- |" * (6 + len(metrics))]
+    lines = [
+        "| budget | method | steps | speedup | peak RSS (MB) | final train loss | "
+        + " | ".join(f"held-out {m}" for m in metrics)
+        + " |",
+        "|" + " --- |" * (6 + len(metrics)),
+    ]
     base = out / f"{task}-base" / "eval.json"
     if base.is_file():
         values = json.loads(base.read_text())
@@ -35,21 +42,25 @@ def task_table(out: Path, task: str) -> list[str]:
             std = method["std"]
             evals = [cell(method["eval"][m], std["eval"][m]) for m in metrics]
             steps = f"{method['steps']:.0f}" if not std["steps"] else f"{method['steps']:.1f} ± {std['steps']:.1f}"
-            lines.append(f"| {budget} | {method['name']} | {steps} | "
-                         f"{method['speedup']:.2f}x | {method['peak_mem_mb']:.0f} | "
-                         f"{cell(method['final_loss'], std['final_loss'])} | " + " | ".join(evals) + " |")
+            lines.append(
+                f"| {budget} | {method['name']} | {steps} | "
+                f"{method['speedup']:.2f}x | {method['peak_mem_mb']:.0f} | "
+                f"{cell(method['final_loss'], std['final_loss'])} | " + " | ".join(evals) + " |"
+            )
     return lines
 
 
 def nf4_table(out: Path) -> list[str]:
     lines = ["| lr | method | diverged (seeds) | final train loss | held-out perplexity |", "|" + " --- |" * 5]
-    for path in sorted(out.glob("nf4-lr*/bench.json"), key=lambda p: float(p.parent.name[len("nf4-lr"):])):
+    for path in sorted(out.glob("nf4-lr*/bench.json"), key=lambda p: float(p.parent.name[len("nf4-lr") :])):
         bench = json.loads(path.read_text())
         for method in bench["methods"]:
             diverged = sum(bool(s["diverged"]) for s in method["seeds"])
             ppl = method["eval"]["perplexity"] if method.get("eval") else float("nan")
-            lines.append(f"| {path.parent.name[len('nf4-lr'):]} | {method['name']} | {diverged} of "
-                         f"{len(method['seeds'])} | {method['final_loss']:.3f} | {ppl:.2f} |")
+            lines.append(
+                f"| {path.parent.name[len('nf4-lr') :]} | {method['name']} | {diverged} of "
+                f"{len(method['seeds'])} | {method['final_loss']:.3f} | {ppl:.2f} |"
+            )
     return lines
 
 

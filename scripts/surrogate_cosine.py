@@ -58,8 +58,14 @@ def main() -> None:
     print("cells: cosine (surrogate norm / true norm)")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump([{"block": b, "window": w, "cosine": c, "norm_ratio": r}
-                       for (b, w), (c, r) in sorted(agreement.items())], f, indent=1)
+            json.dump(
+                [
+                    {"block": b, "window": w, "cosine": c, "norm_ratio": r}
+                    for (b, w), (c, r) in sorted(agreement.items())
+                ],
+                f,
+                indent=1,
+            )
 
 
 if __name__ == "__main__":

@@ -24,115 +24,295 @@ WORDS = (20, 40)
 
 @dataclass(frozen=True)
 class CueGroup:
-    tags: tuple[str, ...]  # plausible tags, the most common habit first
-    clauses: tuple[str, ...]  # verb phrases after "<Name>, a <adj> <job> from <place>,"
-    sentences: tuple[str, ...]  # standalone cue sentences
+    # plausible tags, the most common habit first
+    tags: tuple[str, ...]
+    # verb phrases after "<Name>, a <adj> <job> from <place>,"
+    clauses: tuple[str, ...]
+    # standalone cue sentences
+    sentences: tuple[str, ...]
 
 
 GROUPS: tuple[CueGroup, ...] = (
-    CueGroup(("sci-fi", "action", "thought-provoking"), (
-        "boards a battered spaceship bound for a distant planet",
-        "is abducted by aliens who speak through colored light",
-        "builds a robot that slowly learns to lie",
-        "wakes up on a space station drifting past Jupiter",
-        "repairs a rogue android on a mining colony",
-    ), ("Lasers, starships and a cold galaxy fill the screen.", "An alien mothership hangs over the city.",
-        "A wormhole opens somewhere beyond Saturn.", "The robots are always watching.")),
-    CueGroup(("dystopia", "social commentary", "sci-fi"), (
-        "lives in a grim future city where water is rationed",
-        "works for a surveillance state that watches every citizen",
-        "escapes a walled megacity ruled by a single party",
-        "hides from police drones in a city where books are banned",
-    ), ("Cameras track every street and every thought.", "The ministry decides who eats.",
-        "Curfew sirens wail each night over the gray towers.")),
-    CueGroup(("based on a book", "classic", "romance"), (
-        "leads this faithful adaptation of the celebrated novel",
-        "anchors a film adapted from the bestselling book",
-        "steps out of the pages of a beloved novel",
-    ), ("The film is adapted from the novel by a famous author.", "Readers of the book will recognize every chapter.",
-        "The screenplay follows the original novel closely.")),
-    CueGroup(("comedy", "romance"), (
-        "stumbles through hilarious mishaps at a chaotic wedding",
-        "pretends to be a famous chef to impress the neighbors",
-        "accidentally swaps lives with a goofy twin",
-    ), ("Slapstick gags and silly pranks come thick and fast.", "Everything that can go wrong goes hilariously wrong.",
-        "The jokes land one after another.")),
-    CueGroup(("dark comedy", "comedy", "violence"), (
-        "tries to hide a body during a family funeral that goes hilariously wrong",
-        "becomes a hitman with a deadpan sense of humor",
-        "plans the perfect murder of a rude landlord and bungles every step",
-    ), ("The humor is pitch black.", "Corpses pile up in the most absurd ways.",
-        "Morbid jokes follow every bad decision.")),
-    CueGroup(("action", "violence"), (
-        "races through car chases and explosions to stop a heist",
-        "fights a private army across rooftops and speeding trains",
-        "leads a daring rescue under heavy gunfire",
-    ), ("The stunts are huge and the explosions bigger.", "Shootouts and fistfights never let up.",
-        "One chase follows another at full speed.")),
-    CueGroup(("violence", "action", "dark comedy"), (
-        "is dragged into a brutal gang war over the docks",
-        "seeks bloody revenge on the cartel that killed a brother",
-        "survives a savage massacre in a border town",
-    ), ("The bloodshed is graphic and relentless.", "Knives, guns and broken bones mark every scene.",
-        "Few characters survive the carnage.")),
-    CueGroup(("psychology", "thought-provoking", "twist ending"), (
-        "loses all memory after an accident and doubts every friend",
-        "sees a therapist about voices that will not go away",
-        "slowly unravels under obsession and paranoia",
-    ), ("The camera stays inside a troubled mind.", "Trauma and guilt shape each choice.",
-        "Dreams and memories blur together.")),
-    CueGroup(("twist ending", "psychology", "thought-provoking"), (
-        "investigates a disappearance where nothing is what it seems",
-        "narrates a story that hides a shocking secret until the last scene",
-        "follows clues toward a final revelation that changes everything",
-    ), ("The last ten minutes turn the whole story upside down.", "Nobody sees the final reveal coming.",
-        "Every clue points the wrong way.")),
-    CueGroup(("fantasy", "based on a book", "action"), (
-        "becomes the apprentice of a wizard in an enchanted forest",
-        "must slay a dragon to save a cursed kingdom",
-        "finds a magic sword under an ancient castle",
-    ), ("Elves, spells and talking beasts fill the realm.", "An old prophecy foretells the coming of a chosen one.",
-        "Magic runs through every river of the kingdom.")),
-    CueGroup(("romance", "comedy"), (
-        "falls in love with a stranger during one rainy summer",
-        "rekindles a romance with a childhood sweetheart",
-        "writes love letters to a pen pal across the sea",
-    ), ("Their first kiss comes under the city lights.", "Hearts break and mend all summer long.",
-        "It is a tender love story.")),
-    CueGroup(("true story", "social commentary", "based on a book"), (
-        "lived through the real events this film recounts",
-        "is the real person behind this true account of a mine collapse",
-        "survived the real shipwreck that this film retells",
-    ), ("The film is based on real events.", "It retells a true account from the records of the time.",
-        "Archive footage of the real people closes the film.")),
-    CueGroup(("classic", "romance"), (
-        "stars in this black-and-white picture from the golden age of Hollywood",
-        "sings and dances through a beloved 1940s musical",
-        "waits at a foggy train station in this timeless old melodrama",
-    ), ("It is a timeless black-and-white gem.", "Generations of critics have called it a masterpiece.",
-        "The film premiered more than seventy years ago.")),
-    CueGroup(("social commentary", "thought-provoking", "true story"), (
-        "fights a corrupt system that jails the poor",
-        "confronts racial injustice in a small southern town",
-        "organizes a strike against a factory that exploits its workers",
-    ), ("Poverty and prejudice shape every scene.", "The film asks hard questions about class and power.",
-        "Inequality is everywhere on the screen.")),
-    CueGroup(("thought-provoking", "psychology", "sci-fi"), (
-        "questions whether free will exists after meeting a strange child",
-        "wonders what makes a life meaningful after a long illness",
-        "debates the nature of time with a dying philosopher",
-    ), ("The film leaves more questions than answers.", "Ideas about time and identity linger long after.",
-        "Its quiet questions stay with the viewer for days.")),
+    CueGroup(
+        ("sci-fi", "action", "thought-provoking"),
+        (
+            "boards a battered spaceship bound for a distant planet",
+            "is abducted by aliens who speak through colored light",
+            "builds a robot that slowly learns to lie",
+            "wakes up on a space station drifting past Jupiter",
+            "repairs a rogue android on a mining colony",
+        ),
+        (
+            "Lasers, starships and a cold galaxy fill the screen.",
+            "An alien mothership hangs over the city.",
+            "A wormhole opens somewhere beyond Saturn.",
+            "The robots are always watching.",
+        ),
+    ),
+    CueGroup(
+        ("dystopia", "social commentary", "sci-fi"),
+        (
+            "lives in a grim future city where water is rationed",
+            "works for a surveillance state that watches every citizen",
+            "escapes a walled megacity ruled by a single party",
+            "hides from police drones in a city where books are banned",
+        ),
+        (
+            "Cameras track every street and every thought.",
+            "The ministry decides who eats.",
+            "Curfew sirens wail each night over the gray towers.",
+        ),
+    ),
+    CueGroup(
+        ("based on a book", "classic", "romance"),
+        (
+            "leads this faithful adaptation of the celebrated novel",
+            "anchors a film adapted from the bestselling book",
+            "steps out of the pages of a beloved novel",
+        ),
+        (
+            "The film is adapted from the novel by a famous author.",
+            "Readers of the book will recognize every chapter.",
+            "The screenplay follows the original novel closely.",
+        ),
+    ),
+    CueGroup(
+        ("comedy", "romance"),
+        (
+            "stumbles through hilarious mishaps at a chaotic wedding",
+            "pretends to be a famous chef to impress the neighbors",
+            "accidentally swaps lives with a goofy twin",
+        ),
+        (
+            "Slapstick gags and silly pranks come thick and fast.",
+            "Everything that can go wrong goes hilariously wrong.",
+            "The jokes land one after another.",
+        ),
+    ),
+    CueGroup(
+        ("dark comedy", "comedy", "violence"),
+        (
+            "tries to hide a body during a family funeral that goes hilariously wrong",
+            "becomes a hitman with a deadpan sense of humor",
+            "plans the perfect murder of a rude landlord and bungles every step",
+        ),
+        (
+            "The humor is pitch black.",
+            "Corpses pile up in the most absurd ways.",
+            "Morbid jokes follow every bad decision.",
+        ),
+    ),
+    CueGroup(
+        ("action", "violence"),
+        (
+            "races through car chases and explosions to stop a heist",
+            "fights a private army across rooftops and speeding trains",
+            "leads a daring rescue under heavy gunfire",
+        ),
+        (
+            "The stunts are huge and the explosions bigger.",
+            "Shootouts and fistfights never let up.",
+            "One chase follows another at full speed.",
+        ),
+    ),
+    CueGroup(
+        ("violence", "action", "dark comedy"),
+        (
+            "is dragged into a brutal gang war over the docks",
+            "seeks bloody revenge on the cartel that killed a brother",
+            "survives a savage massacre in a border town",
+        ),
+        (
+            "The bloodshed is graphic and relentless.",
+            "Knives, guns and broken bones mark every scene.",
+            "Few characters survive the carnage.",
+        ),
+    ),
+    CueGroup(
+        ("psychology", "thought-provoking", "twist ending"),
+        (
+            "loses all memory after an accident and doubts every friend",
+            "sees a therapist about voices that will not go away",
+            "slowly unravels under obsession and paranoia",
+        ),
+        (
+            "The camera stays inside a troubled mind.",
+            "Trauma and guilt shape each choice.",
+            "Dreams and memories blur together.",
+        ),
+    ),
+    CueGroup(
+        ("twist ending", "psychology", "thought-provoking"),
+        (
+            "investigates a disappearance where nothing is what it seems",
+            "narrates a story that hides a shocking secret until the last scene",
+            "follows clues toward a final revelation that changes everything",
+        ),
+        (
+            "The last ten minutes turn the whole story upside down.",
+            "Nobody sees the final reveal coming.",
+            "Every clue points the wrong way.",
+        ),
+    ),
+    CueGroup(
+        ("fantasy", "based on a book", "action"),
+        (
+            "becomes the apprentice of a wizard in an enchanted forest",
+            "must slay a dragon to save a cursed kingdom",
+            "finds a magic sword under an ancient castle",
+        ),
+        (
+            "Elves, spells and talking beasts fill the realm.",
+            "An old prophecy foretells the coming of a chosen one.",
+            "Magic runs through every river of the kingdom.",
+        ),
+    ),
+    CueGroup(
+        ("romance", "comedy"),
+        (
+            "falls in love with a stranger during one rainy summer",
+            "rekindles a romance with a childhood sweetheart",
+            "writes love letters to a pen pal across the sea",
+        ),
+        (
+            "Their first kiss comes under the city lights.",
+            "Hearts break and mend all summer long.",
+            "It is a tender love story.",
+        ),
+    ),
+    CueGroup(
+        ("true story", "social commentary", "based on a book"),
+        (
+            "lived through the real events this film recounts",
+            "is the real person behind this true account of a mine collapse",
+            "survived the real shipwreck that this film retells",
+        ),
+        (
+            "The film is based on real events.",
+            "It retells a true account from the records of the time.",
+            "Archive footage of the real people closes the film.",
+        ),
+    ),
+    CueGroup(
+        ("classic", "romance"),
+        (
+            "stars in this black-and-white picture from the golden age of Hollywood",
+            "sings and dances through a beloved 1940s musical",
+            "waits at a foggy train station in this timeless old melodrama",
+        ),
+        (
+            "It is a timeless black-and-white gem.",
+            "Generations of critics have called it a masterpiece.",
+            "The film premiered more than seventy years ago.",
+        ),
+    ),
+    CueGroup(
+        ("social commentary", "thought-provoking", "true story"),
+        (
+            "fights a corrupt system that jails the poor",
+            "confronts racial injustice in a small southern town",
+            "organizes a strike against a factory that exploits its workers",
+        ),
+        (
+            "Poverty and prejudice shape every scene.",
+            "The film asks hard questions about class and power.",
+            "Inequality is everywhere on the screen.",
+        ),
+    ),
+    CueGroup(
+        ("thought-provoking", "psychology", "sci-fi"),
+        (
+            "questions whether free will exists after meeting a strange child",
+            "wonders what makes a life meaningful after a long illness",
+            "debates the nature of time with a dying philosopher",
+        ),
+        (
+            "The film leaves more questions than answers.",
+            "Ideas about time and identity linger long after.",
+            "Its quiet questions stay with the viewer for days.",
+        ),
+    ),
 )
 
-NAMES = ("Mara", "Tomas", "Ines", "Jonah", "Priya", "Felix", "Leila", "Oskar", "Nadia", "Ruben", "Hana", "Victor",
-         "Alma", "Desmond", "Yara", "Emil", "Sofia", "Kwame", "Greta", "Mateo", "Ivy", "Arjun", "Clara", "Hugo")
-ADJECTIVES = ("restless", "shy", "stubborn", "retired", "young", "weary", "ambitious", "cheerful", "lonely",
-              "clever", "reckless", "gentle", "proud", "curious", "quiet")
-JOBS = ("nurse", "taxi driver", "teacher", "baker", "mechanic", "journalist", "librarian", "farmer", "pilot",
-        "student", "lawyer", "painter", "fisherman", "accountant", "engineer", "waitress", "boxer", "musician")
-PLACES = ("Lisbon", "a small coastal town", "Chicago", "the mountains", "Naples", "a quiet suburb", "Osaka",
-          "the desert", "Dublin", "a river village", "Montreal", "the countryside", "Berlin", "a fishing port")
+NAMES = (
+    "Mara",
+    "Tomas",
+    "Ines",
+    "Jonah",
+    "Priya",
+    "Felix",
+    "Leila",
+    "Oskar",
+    "Nadia",
+    "Ruben",
+    "Hana",
+    "Victor",
+    "Alma",
+    "Desmond",
+    "Yara",
+    "Emil",
+    "Sofia",
+    "Kwame",
+    "Greta",
+    "Mateo",
+    "Ivy",
+    "Arjun",
+    "Clara",
+    "Hugo",
+)
+ADJECTIVES = (
+    "restless",
+    "shy",
+    "stubborn",
+    "retired",
+    "young",
+    "weary",
+    "ambitious",
+    "cheerful",
+    "lonely",
+    "clever",
+    "reckless",
+    "gentle",
+    "proud",
+    "curious",
+    "quiet",
+)
+JOBS = (
+    "nurse",
+    "taxi driver",
+    "teacher",
+    "baker",
+    "mechanic",
+    "journalist",
+    "librarian",
+    "farmer",
+    "pilot",
+    "student",
+    "lawyer",
+    "painter",
+    "fisherman",
+    "accountant",
+    "engineer",
+    "waitress",
+    "boxer",
+    "musician",
+)
+PLACES = (
+    "Lisbon",
+    "a small coastal town",
+    "Chicago",
+    "the mountains",
+    "Naples",
+    "a quiet suburb",
+    "Osaka",
+    "the desert",
+    "Dublin",
+    "a river village",
+    "Montreal",
+    "the countryside",
+    "Berlin",
+    "a fishing port",
+)
 FILLERS = (
     "Along the way {name} must decide who to trust.",
     "The story unfolds over one long {season}.",
@@ -203,8 +383,9 @@ class _Builder:
         for _ in range(self.rng.randint(*PROFILE_SIZE)):
             day += timedelta(days=self.rng.randint(20, 120))
             text, tag = self.item(habit, weights)
-            items.append({"id": str(300000 + self.next_profile_id), "tag": tag, "description": text,
-                          "date": day.isoformat()})
+            items.append(
+                {"id": str(300000 + self.next_profile_id), "tag": tag, "description": text, "date": day.isoformat()}
+            )
             self.next_profile_id += 1
         return items
 

@@ -39,19 +39,31 @@ def night(steps: list[dict], profile, max_temp_c: float, hours: float) -> dict:
                 before = thermal.skin_c
                 restores += "npu_clock_restored" in thermal.advance(NpuSimBackend.idle_poll_s, profile.idle_power_w)
                 clock += NpuSimBackend.idle_poll_s
-                if thermal.skin_c >= before - 1e-3:  # as cool as idle gets: the job trains on (Job.cool_down)
+                # as cool as idle gets: the job trains on (Job.cool_down)
+                if thermal.skin_c >= before - 1e-3:
                     break
             continue
         seconds, joules = step_cost(steps[done % len(steps)], profile, thermal.throttled)
         events = thermal.advance(seconds, joules / seconds)
         restores += "npu_clock_restored" in events
         if "npu_clock_throttled" in events and first_throttle is None:
-            first_throttle = {"minute": (clock + seconds) / 60, "step": done + 1, "skin_c": thermal.skin_c,
-                              "soc_c": thermal.soc_c}
+            first_throttle = {
+                "minute": (clock + seconds) / 60,
+                "step": done + 1,
+                "skin_c": thermal.skin_c,
+                "soc_c": thermal.soc_c,
+            }
         clock, trained, done = clock + seconds, trained + seconds, done + 1
-    return {"hours": hours, "steps": done, "training_share": trained / clock, "first_throttle": first_throttle,
-            "cool_down_pauses": pauses, "clock_restores": restores, "final_skin_c": thermal.skin_c,
-            "final_soc_c": thermal.soc_c}
+    return {
+        "hours": hours,
+        "steps": done,
+        "training_share": trained / clock,
+        "first_throttle": first_throttle,
+        "cool_down_pauses": pauses,
+        "clock_restores": restores,
+        "final_skin_c": thermal.skin_c,
+        "final_soc_c": thermal.soc_c,
+    }
 
 
 def main() -> None:
@@ -62,13 +74,23 @@ def main() -> None:
     recipe = load_recipe(args.run_dir / "config.yaml")
     rows = [json.loads(line) for line in (args.run_dir / "metrics.jsonl").read_text().splitlines()]
     first_throttle = min((r["step"] for r in rows if r.get("event") == "npu_clock_throttled"), default=float("inf"))
-    steps = [r for r in rows if "sim_step_time_s" in r and r["step"] <= first_throttle]  # priced at full clock
+    # priced at full clock
+    steps = [r for r in rows if "sim_step_time_s" in r and r["step"] <= first_throttle]
     profile = load_profile(recipe.npu_sim.device)
     mean_power = sum(step_cost(s, profile, False)[1] for s in steps) / sum(s["sim_step_time_s"] for s in steps)
-    print(json.dumps({"run": str(args.run_dir), "device": profile.name, "measured_steps": len(steps),
-                      "mean_step_s": sum(s["sim_step_time_s"] for s in steps) / len(steps),
-                      "mean_power_w": mean_power, **night(steps, profile, recipe.overnight.max_temp_c, args.hours)},
-                     indent=1))
+    print(
+        json.dumps(
+            {
+                "run": str(args.run_dir),
+                "device": profile.name,
+                "measured_steps": len(steps),
+                "mean_step_s": sum(s["sim_step_time_s"] for s in steps) / len(steps),
+                "mean_power_w": mean_power,
+                **night(steps, profile, recipe.overnight.max_temp_c, args.hours),
+            },
+            indent=1,
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -8,15 +8,17 @@ from pathlib import Path
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
 os.environ["HF_DATASETS_OFFLINE"] = "1"
-if "LCSB_CACHE" not in os.environ:  # one cache per session (xdist workers inherit it), removed when it ends
+# one cache per session (xdist workers inherit it), removed when it ends
+if "LCSB_CACHE" not in os.environ:
     os.environ["LCSB_CACHE"] = tempfile.mkdtemp(prefix="lcsb-test-cache-")
     atexit.register(shutil.rmtree, os.environ["LCSB_CACHE"], ignore_errors=True)
 
-import pytest  # noqa: E402
+import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
-sys.path.insert(0, str(REPO / "scripts"))  # synthetic.py: the sample data generator, not part of the package
+# synthetic.py: the sample data generator, not part of the package
+sys.path.insert(0, str(REPO / "scripts"))
 
 
 @pytest.fixture

@@ -28,7 +28,7 @@ class LlamaCpp:
 
         self.llm = Llama(str(path), logits_all=True, verbose=False, n_ctx=n_ctx, n_threads=2, seed=0)
 
-    def __enter__(self) -> "LlamaCpp":
+    def __enter__(self) -> LlamaCpp:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -59,6 +59,11 @@ def hf_logits(model, ids: list[int]) -> torch.Tensor:
 
 def hf_greedy(model, ids: list[int], new_tokens: int) -> list[int]:
     with torch.no_grad():
-        out = model.generate(torch.tensor([ids]), max_new_tokens=new_tokens, do_sample=False,
-                             attention_mask=torch.ones(1, len(ids), dtype=torch.long), min_new_tokens=new_tokens)
-    return out[0, len(ids):].tolist()
+        out = model.generate(
+            torch.tensor([ids]),
+            max_new_tokens=new_tokens,
+            do_sample=False,
+            attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+            min_new_tokens=new_tokens,
+        )
+    return out[0, len(ids) :].tolist()

@@ -16,10 +16,13 @@ from lcsb_cli.run.engine import train
 from lcsb_cli.run.per_user import train_per_user
 
 REPO = Path(__file__).resolve().parent.parent
-LAMP2 = REPO / "tests" / "tiny.yaml"  # the shipped LaMP-2 recipe on the tiny random-init preset
+# the shipped LaMP-2 recipe on the tiny random-init preset
+LAMP2 = REPO / "tests" / "tiny.yaml"
 
 
-NOISY_MAIN = "import lcsb_cli, noisy_library; noisy_library.install(); from lcsb_cli.cli import app; app(prog_name='lcsb')"
+NOISY_MAIN = (
+    "import lcsb_cli, noisy_library; noisy_library.install(); from lcsb_cli.cli import app; app(prog_name='lcsb')"
+)
 
 
 def lcsb(*args: str, cwd: Path = REPO, timeout: float = 120, noisy: bool = False) -> subprocess.CompletedProcess:
@@ -31,8 +34,9 @@ def lcsb(*args: str, cwd: Path = REPO, timeout: float = 120, noisy: bool = False
     if noisy:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO / "tests"), env.get("PYTHONPATH")]))
     main = ["-c", NOISY_MAIN] if noisy else ["-m", "lcsb_cli"]
-    return subprocess.run([sys.executable, *main, *args], cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(
+        [sys.executable, *main, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def cli(*args: str, cwd: Path = REPO, setup=None) -> subprocess.CompletedProcess:
@@ -50,7 +54,8 @@ def cli(*args: str, cwd: Path = REPO, setup=None) -> subprocess.CompletedProcess
     try:
         with CliRunner().isolation() as (out, err, _):
             try:
-                if setup is not None:  # inside the capture, as a library imported by this command would be
+                # inside the capture, as a library imported by this command would be
+                if setup is not None:
                     setup()
                 app(args=list(args), prog_name="lcsb")
                 code = 0

@@ -14,7 +14,8 @@ def test_a_failed_swap_puts_the_old_directory_back(tmp_path, monkeypatch):
     real_rename = os.rename
 
     def failing_rename(src, dst):
-        if str(dst) == str(target) and not str(src).endswith(".old"):  # the new dir's rename fails
+        # the new dir's rename fails
+        if str(dst) == str(target) and not str(src).endswith(".old"):
             raise OSError(28, "No space left on device")
         real_rename(src, dst)
 
@@ -46,5 +47,6 @@ def test_replace_swaps_a_whole_directory(tmp_path):
     atomic.write_dir(target, lambda tmp: (tmp / "a").write_text("1"))
     assert atomic.write_dir(target, lambda tmp: (tmp / "b").write_text("2"), replace=True)
     assert sorted(p.name for p in target.iterdir()) == ["b"] and [p.name for p in tmp_path.iterdir()] == ["step-2"]
-    assert not atomic.write_dir(target, lambda tmp: (tmp / "c").write_text("3"))  # taken: kept as it is
+    # taken: kept as it is
+    assert not atomic.write_dir(target, lambda tmp: (tmp / "c").write_text("3"))
     assert sorted(p.name for p in target.iterdir()) == ["b"]

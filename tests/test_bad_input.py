@@ -18,22 +18,24 @@ import shutil
 from pathlib import Path
 
 import pytest
-
 from helpers import LAMP2, REPO, assert_one_line_error, cli, lcsb, run_train, snapshot
 from noisy_library import MARK, import_library, noisy_from_pretrained
 
 DATA = REPO / "recipes" / "data" / "lamp2"
-pytestmark = pytest.mark.filterwarnings(f"ignore:{MARK}")  # in this process pytest records them; fresh ones show
+# in this process pytest records them; fresh ones show
+pytestmark = pytest.mark.filterwarnings(f"ignore:{MARK}")
 
 
 # --- the world the cases run in ------------------------------------------------------------------
+
 
 def _write_bad_files(bad: Path, run: Path) -> None:
     """Every broken input a case points at, made once."""
     bad.mkdir()
     lamp2 = LAMP2.read_text()
     # recipes
-    (bad / "broken.yaml").write_text("name: broken\ntrain:\n  max_steps: 3\n lr: 0.1\n")  # bad indent on line 4
+    # bad indent on line 4
+    (bad / "broken.yaml").write_text("name: broken\ntrain:\n  max_steps: 3\n lr: 0.1\n")
     (bad / "list.yaml").write_text("- name: a-list\n- method: lcsb\n")
     (bad / "binary.yaml").write_bytes(b"\xff\xfe\x00\x01name: \x80\x81\n")
     assert "\nmethod: lcsb" in lamp2 and "  max_steps: 60\n" in lamp2
@@ -54,7 +56,8 @@ def _write_bad_files(bad: Path, run: Path) -> None:
     (bad / "t5_model" / "config.json").write_text('{"model_type": "t5"}\n')
     (bad / "badjson_model").mkdir()
     (bad / "badjson_model" / "config.json").write_text('{"model_type": "qwen2", "hidden_size": \n')
-    preset = next(Path(os.environ["LCSB_CACHE"], "presets").glob("tiny-qwen2-*"))  # made by the fixture run
+    # made by the fixture run
+    preset = next(Path(os.environ["LCSB_CACHE"], "presets").glob("tiny-qwen2-*"))
     (bad / "noweights_model").mkdir()
     shutil.copy(preset / "config.json", bad / "noweights_model" / "config.json")
     (bad / "notokenizer_model").mkdir()
@@ -63,16 +66,19 @@ def _write_bad_files(bad: Path, run: Path) -> None:
     # dirs that are not (finished) runs
     (bad / "empty_adapter").mkdir()
     (bad / "empty_adapter" / "adapter_model.safetensors").write_bytes(
-        (run / "adapter" / "adapter_model.safetensors").read_bytes())
+        (run / "adapter" / "adapter_model.safetensors").read_bytes()
+    )
     (bad / "notrun").mkdir()
     (bad / "notrun" / "notes.txt").write_text("just some dir\n")
     (bad / "nonempty").mkdir()
     (bad / "nonempty" / "keep.txt").write_text("do not overwrite\n")
     (bad / "a_file").write_text("a plain file, not a directory\n")
-    (bad / "killed_early").mkdir()  # a run killed before its first checkpoint
+    # a run killed before its first checkpoint
+    (bad / "killed_early").mkdir()
     shutil.copy(run / "config.yaml", bad / "killed_early" / "config.yaml")
     (bad / "killed_early" / "metrics.jsonl").write_text('{"step": 1, "loss": 2.5}\n')
-    (bad / "noadapter_run").mkdir()  # config.yaml and checkpoints, no adapter/ yet
+    # config.yaml and checkpoints, no adapter/ yet
+    (bad / "noadapter_run").mkdir()
     shutil.copy(run / "config.yaml", bad / "noadapter_run" / "config.yaml")
     shutil.copytree(run / "checkpoints", bad / "noadapter_run" / "checkpoints")
 
@@ -82,8 +88,9 @@ def noisy(monkeypatch):
     """The stand-in library for an in-process command: patched into model loading; returns its import."""
     import transformers
 
-    monkeypatch.setattr(transformers.AutoConfig, "from_pretrained",
-                        noisy_from_pretrained(transformers.AutoConfig.from_pretrained))
+    monkeypatch.setattr(
+        transformers.AutoConfig, "from_pretrained", noisy_from_pretrained(transformers.AutoConfig.from_pretrained)
+    )
     return import_library
 
 
@@ -112,7 +119,8 @@ def _truncated_json_line() -> str:
 
 
 V, T, E, X = "validate", "train", "eval", "export"
-R = str(LAMP2.relative_to(REPO))  # the recipe helpers.run_train uses, as a user in the repo root types it
+# the recipe helpers.run_train uses, as a user in the repo root types it
+R = str(LAMP2.relative_to(REPO))
 
 
 # (id, args with {run} {bad} {new} placeholders, key words the single error line must hold[, marks])
@@ -135,8 +143,11 @@ CASES = [
     ("unknown-backend", [V, R, "backend=tpu"], ["backend", "tpu", "cpu"]),
     ("npu-sim-with-bnb", [V, R, "backend=npu-sim", "quantization=nf4"], ["quantization", "npu_sim.weights"]),
     ("npu-sim-weights", [V, R, "backend=npu-sim", "npu_sim.weights=int2"], ["npu_sim.weights", "int2", "int4"]),
-    ("npu-sim-device", [T, R, "backend=npu-sim", "npu_sim.device=pixel-99", "--output", "{new}/r"],
-     ["npu_sim.device", "pixel-99", "snapdragon-8gen3"]),
+    (
+        "npu-sim-device",
+        [T, R, "backend=npu-sim", "npu_sim.device=pixel-99", "--output", "{new}/r"],
+        ["npu_sim.device", "pixel-99", "snapdragon-8gen3"],
+    ),
     ("overnight-window", [V, R, "overnight.window=25:00-06:00"], ["overnight.window", "HH:MM-HH:MM"]),
     ("jsonl-all-users", [V, R, "data.format=jsonl", "data.user=all"], ["data.user", "jsonl"]),
     ("jsonl-fraction", [V, R, "data.format=jsonl", "data.eval_fraction=1.5"], ["data.eval_fraction", "1.5"]),
@@ -156,47 +167,93 @@ CASES = [
     ("missing-required-option", [X, "{run}"], ["--output"]),
     # --- the model (train: fails after set-up starts, before anything is written)
     ("k-above-layers", [T, R, "lcsb.blocks=99", "--output", "{new}"], ["lcsb.blocks", "99", "layers"]),
-    ("model-dir-missing", [T, R, "model.name={bad}/no-such-model", "--output", "{new}"],
-     ["model.name", "no-such-model", "preset"]),
-    ("model-dir-without-config", [T, R, "model.name={bad}/empty_model", "--output", "{new}"],
-     ["model.name", "empty_model", "config.json"]),
-    ("model-not-causal-lm", [T, R, "model.name={bad}/t5_model", "--output", "{new}"],
-     ["model.name", "t5", "not a causal language model"]),
-    ("model-without-weights", [T, R, "model.name={bad}/noweights_model", "--output", "{new}"],
-     ["model.name", "noweights_model", "weights"]),
-    ("model-without-tokenizer",
-     [T, R, "model.name={bad}/notokenizer_model", "train.max_steps=1", "--output", "{new}"],
-     ["model.name", "notokenizer_model", "tokenizer"]),
-    ("lora-target-missing", [T, R, "lora.targets=[q_proj, wqkv]", "--output", "{new}"],
-     ["lora.targets", "wqkv", "q_proj"]),
+    (
+        "model-dir-missing",
+        [T, R, "model.name={bad}/no-such-model", "--output", "{new}"],
+        ["model.name", "no-such-model", "preset"],
+    ),
+    (
+        "model-dir-without-config",
+        [T, R, "model.name={bad}/empty_model", "--output", "{new}"],
+        ["model.name", "empty_model", "config.json"],
+    ),
+    (
+        "model-not-causal-lm",
+        [T, R, "model.name={bad}/t5_model", "--output", "{new}"],
+        ["model.name", "t5", "not a causal language model"],
+    ),
+    (
+        "model-without-weights",
+        [T, R, "model.name={bad}/noweights_model", "--output", "{new}"],
+        ["model.name", "noweights_model", "weights"],
+    ),
+    (
+        "model-without-tokenizer",
+        [T, R, "model.name={bad}/notokenizer_model", "train.max_steps=1", "--output", "{new}"],
+        ["model.name", "notokenizer_model", "tokenizer"],
+    ),
+    (
+        "lora-target-missing",
+        [T, R, "lora.targets=[q_proj, wqkv]", "--output", "{new}"],
+        ["lora.targets", "wqkv", "q_proj"],
+    ),
     # --- data
-    ("train-file-missing", [T, R, "data.train={bad}/no-such-questions.json", "--output", "{new}"],
-     ["data.train", "no-such-questions.json", "does not exist"]),
-    ("questions-truncated", [T, R, "data.train={bad}/truncated_questions.json", "--output", "{new}"],
-     ["truncated_questions.json", "invalid json", _truncated_json_line()]),
-    ("gold-missing", [T, R, "data.train_labels={bad}/missing_gold_outputs.json", "--output", "{new}"],
-     ["missing_gold_outputs.json", "no gold", repr(_missing_gold_id())]),
-    ("gold-outside-tags", [T, R, "data.train_labels={bad}/badtag_outputs.json", "--output", "{new}"],
-     ["badtag_outputs.json", "'horror'", "15 lamp-2 tags"]),
-    ("max-length-too-small-for-question", [T, R, "data.max_length=16", "--output", "{new}"],
-     ["max_length=16", "data.max_length to at least"]),
+    (
+        "train-file-missing",
+        [T, R, "data.train={bad}/no-such-questions.json", "--output", "{new}"],
+        ["data.train", "no-such-questions.json", "does not exist"],
+    ),
+    (
+        "questions-truncated",
+        [T, R, "data.train={bad}/truncated_questions.json", "--output", "{new}"],
+        ["truncated_questions.json", "invalid json", _truncated_json_line()],
+    ),
+    (
+        "gold-missing",
+        [T, R, "data.train_labels={bad}/missing_gold_outputs.json", "--output", "{new}"],
+        ["missing_gold_outputs.json", "no gold", repr(_missing_gold_id())],
+    ),
+    (
+        "gold-outside-tags",
+        [T, R, "data.train_labels={bad}/badtag_outputs.json", "--output", "{new}"],
+        ["badtag_outputs.json", "'horror'", "15 lamp-2 tags"],
+    ),
+    (
+        "max-length-too-small-for-question",
+        [T, R, "data.max_length=16", "--output", "{new}"],
+        ["max_length=16", "data.max_length to at least"],
+    ),
     ("train-output-is-a-file", [T, R, "train.max_steps=1", "--output", "{bad}/a_file"], ["a_file"]),
     # --- an existing run dir
-    ("train-over-existing-run", [T, R, "train.max_steps=2", "--output", "{run}"],
-     ["already holds a run", "--resume", "--force"]),
+    (
+        "train-over-existing-run",
+        [T, R, "train.max_steps=2", "--output", "{run}"],
+        ["already holds a run", "--resume", "--force"],
+    ),
     ("train-force-bad-k-keeps-run", [T, R, "lcsb.blocks=99", "--force", "--output", "{run}"], ["lcsb.blocks", "99"]),
-    ("resume-without-checkpoints", [T, R, "--resume", "--output", "{bad}/killed_early"],
-     ["killed_early", "no checkpoint", "without --resume"]),
-    ("resume-changed-lr",
-     [T, R, "train.max_steps=2", "train.save_every=1", "train.lr=5e-4", "--resume", "--output", "{run}"],
-     ["--resume", "train.lr", "config.yaml"]),
+    (
+        "resume-without-checkpoints",
+        [T, R, "--resume", "--output", "{bad}/killed_early"],
+        ["killed_early", "no checkpoint", "without --resume"],
+    ),
+    (
+        "resume-changed-lr",
+        [T, R, "train.max_steps=2", "train.save_every=1", "train.lr=5e-4", "--resume", "--output", "{run}"],
+        ["--resume", "train.lr", "config.yaml"],
+    ),
     ("eval-not-a-run", [E, "{bad}/notrun"], ["notrun", "not a run directory"]),
-    ("eval-adapter-without-config", [E, "{run}", "--adapter", "{bad}/empty_adapter"],
-     ["--adapter", "empty_adapter", "adapter_config.json"]),
+    (
+        "eval-adapter-without-config",
+        [E, "{run}", "--adapter", "{bad}/empty_adapter"],
+        ["--adapter", "empty_adapter", "adapter_config.json"],
+    ),
     ("eval-run-without-adapter", [E, "{bad}/noadapter_run"], ["noadapter_run", "no adapter"]),
     ("eval-run-bad-override", [E, "{run}", "lcsb.blocks=0"], ["lcsb.blocks", "minimum 1"]),
-    ("eval-run-eval-file-missing", [E, "{run}", "data.eval={bad}/no-such-dev.json"],
-     ["data.eval", "no-such-dev.json", "does not exist"]),
+    (
+        "eval-run-eval-file-missing",
+        [E, "{run}", "data.eval={bad}/no-such-dev.json"],
+        ["data.eval", "no-such-dev.json", "does not exist"],
+    ),
     # --- export
     ("export-output-not-empty", [X, "{run}", "--output", "{bad}/nonempty"], ["--output", "nonempty", "not empty"]),
     ("export-output-is-the-run", [X, "{run}", "--output", "{run}"], ["--output", "not empty"]),
@@ -231,22 +288,31 @@ def test_bad_input_exits_2_with_one_line_and_touches_nothing(world, tmp_path, no
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("case", ["misspelt-nested-key", "model-not-causal-lm", "eval-run-eval-file-missing",
-                                  "export-run-without-adapter"])
+@pytest.mark.parametrize(
+    "case", ["misspelt-nested-key", "model-not-causal-lm", "eval-run-eval-file-missing", "export-run-without-adapter"]
+)
 def test_a_fresh_process_prints_the_same_one_line(world, tmp_path, noisy, case):
     args = next(args for name, args, *_ in CASES if name == case)
     argv = [fill(a, {"run": world / "run", "bad": world / "bad", "new": tmp_path / "new"}) for a in args]
     fresh, here = lcsb(*argv, noisy=True), cli(*argv, setup=noisy)
-    assert (fresh.returncode, fresh.stderr, fresh.stdout) == (here.returncode, here.stderr, here.stdout) == (
-        2, here.stderr, ""), fresh.stderr
+    assert (
+        (fresh.returncode, fresh.stderr, fresh.stdout)
+        == (here.returncode, here.stderr, here.stdout)
+        == (2, here.stderr, "")
+    ), fresh.stderr
     assert len(fresh.stderr.splitlines()) == 1
 
 
 @pytest.mark.slow
 def test_verbose_shows_the_libraries_lines_too(world, tmp_path):
     """The same bad input with -v: the stand-in library's records and warnings on stderr, then the error line."""
-    argv = ["-v", *[fill(a, {"bad": world / "bad", "new": tmp_path / "new"}) for a in
-                    next(args for name, args, *_ in CASES if name == "model-not-causal-lm")]]
+    argv = [
+        "-v",
+        *[
+            fill(a, {"bad": world / "bad", "new": tmp_path / "new"})
+            for a in next(args for name, args, *_ in CASES if name == "model-not-causal-lm")
+        ],
+    ]
     proc = lcsb(*argv, noisy=True)
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.splitlines()

@@ -40,8 +40,12 @@ def sha256(path: Path) -> str:
 
 def small(step: int) -> tuple[dict, dict]:
     adapter = {"lora_A": torch.arange(6.0).reshape(2, 3) + step, "lora_B": torch.full((4,), float(step))}
-    state = {"step": step, "wall_time_s": 0.5 * step, "optimizer": {"state": {0: {"exp_avg": torch.ones(3) * step}}},
-             "rng": {"torch": torch.get_rng_state(), "cuda": []}}
+    state = {
+        "step": step,
+        "wall_time_s": 0.5 * step,
+        "optimizer": {"state": {0: {"exp_avg": torch.ones(3) * step}}},
+        "rng": {"torch": torch.get_rng_state(), "cuda": []},
+    }
     return adapter, state
 
 
@@ -66,11 +70,13 @@ def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("checkpoints")
     run_train(root / "six", "train.max_steps=6", "train.save_every=2")
     run_train(root / "eight", "train.max_steps=8", "train.save_every=2")
-    assert names(root / "six") == ["step-2", "step-4", "step-6"]  # KEEP_CHECKPOINTS = 3
+    # KEEP_CHECKPOINTS = 3
+    assert names(root / "six") == ["step-2", "step-4", "step-6"]
     return root
 
 
 # --- a corrupt newest checkpoint -----------------------------------------------------------------
+
 
 @pytest.mark.parametrize("victim", [STATE_FILE, ADAPTER_FILE, MANIFEST])
 def test_resume_skips_a_corrupt_newest_checkpoint_and_loses_no_step(runs, tmp_path, victim):
@@ -78,7 +84,8 @@ def test_resume_skips_a_corrupt_newest_checkpoint_and_loses_no_step(runs, tmp_pa
     shutil.copytree(runs / "six", run)
     path = run / "checkpoints" / "step-6" / victim
     data = path.read_bytes()
-    path.write_bytes(data[: len(data) // 2])  # a torn write
+    # a torn write
+    path.write_bytes(data[: len(data) // 2])
 
     proc = cli("train", R, "--output", str(run), "--resume", "train.max_steps=8", "train.save_every=2")
 
@@ -91,12 +98,14 @@ def test_resume_skips_a_corrupt_newest_checkpoint_and_loses_no_step(runs, tmp_pa
     assert len(events) == 1, events
     assert events[0]["step"] == 6 and events[0]["resumed_from"] == 4 and victim in events[0]["reason"]
     steps = [r for r in rows if "loss" in r]
-    assert [r["step"] for r in steps] == list(range(1, 9))  # 1-4 kept, 5-8 logged once after the resume
+    # 1-4 kept, 5-8 logged once after the resume
+    assert [r["step"] for r in steps] == list(range(1, 9))
     reference = [r for r in read_metrics(runs / "eight" / "metrics.jsonl") if "loss" in r]
     assert [r["loss"] for r in steps] == [r["loss"] for r in reference]
     assert [r["active_block"] for r in steps] == [r["active_block"] for r in reference]
     assert_same_tensors(adapter_tensors(run), adapter_tensors(runs / "eight"))
-    assert names(run) == ["step-4", "step-6", "step-8"]  # the corrupt step-6 was rewritten, intact
+    # the corrupt step-6 was rewritten, intact
+    assert names(run) == ["step-4", "step-6", "step-8"]
     load_checkpoint(run / "checkpoints" / "step-6")
     summary = json.loads((run / "summary.json").read_text())
     assert summary["steps"] == 8 and summary["events"].get("checkpoint_corrupt") == 1
@@ -133,10 +142,17 @@ def test_resume_with_every_checkpoint_corrupt_exits_2_and_changes_nothing(runs, 
     assert snapshot(run) == before
 
 
-@pytest.mark.parametrize("text", [
-    "{not json", "[]", '{"step": 3}', '{"step": 3, "files": "state.pt"}',
-    '{"step": 3, "files": null}', '{"step": 3, "files": 5}',
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "{not json",
+        "[]",
+        '{"step": 3}',
+        '{"step": 3, "files": "state.pt"}',
+        '{"step": 3, "files": null}',
+        '{"step": 3, "files": 5}',
+    ],
+)
 def test_a_damaged_manifest_is_a_corrupt_checkpoint(tmp_path, text):
     final = save_checkpoint(tmp_path / "checkpoints", 3, *small(3), keep=3)
     (final / MANIFEST).write_text(text)
@@ -147,13 +163,16 @@ def test_a_damaged_manifest_is_a_corrupt_checkpoint(tmp_path, text):
 @pytest.mark.parametrize("stray", ["step-6.bak", "step-6-backup", "step-latest"])
 def test_checkpoint_dirs_ignores_dirs_not_named_step_n(tmp_path, stray):
     final = save_checkpoint(tmp_path / "checkpoints", 4, *small(4), keep=3)
-    shutil.copytree(final, tmp_path / "checkpoints" / stray)  # a user's backup copy, manifest and all
+    # a user's backup copy, manifest and all
+    shutil.copytree(final, tmp_path / "checkpoints" / stray)
     assert checkpoint_dirs(tmp_path / "checkpoints") == [final]
-    save_checkpoint(tmp_path / "checkpoints", 5, *small(5), keep=1)  # retention leaves what it did not write alone
+    # retention leaves what it did not write alone
+    save_checkpoint(tmp_path / "checkpoints", 5, *small(5), keep=1)
     assert (tmp_path / "checkpoints" / stray / MANIFEST).is_file()
 
 
 # --- a crash while writing ------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("exc", [OSError(28, "No space left on device"), KeyboardInterrupt()], ids=["enospc", "sigint"])
 @pytest.mark.parametrize("next_step", [2, 1], ids=["new-step", "same-step"])
@@ -168,7 +187,8 @@ def test_a_crash_while_writing_keeps_the_previous_checkpoint(tmp_path, monkeypat
     def crashing_save(obj, f, *args, **kwargs):
         buffer = io.BytesIO()
         real_save(obj, buffer, *args, **kwargs)
-        Path(f).write_bytes(buffer.getvalue()[: len(buffer.getvalue()) // 2])  # part of the file, then the crash
+        # part of the file, then the crash
+        Path(f).write_bytes(buffer.getvalue()[: len(buffer.getvalue()) // 2])
         calls.append(Path(f))
         raise exc
 
@@ -177,8 +197,10 @@ def test_a_crash_while_writing_keeps_the_previous_checkpoint(tmp_path, monkeypat
         save_checkpoint(run / "checkpoints", next_step, *small(next_step), keep=3)
     monkeypatch.undo()
 
-    assert calls and calls[0].parent.name.startswith(f".step-{next_step}-")  # it crashed inside the temp dir
-    assert names(run) == ["step-1"]  # no .tmp-* left behind, no half step-2
+    # it crashed inside the temp dir
+    assert calls and calls[0].parent.name.startswith(f".step-{next_step}-")
+    # no .tmp-* left behind, no half step-2
+    assert names(run) == ["step-1"]
     assert snapshot(run) == before
     assert checkpoint_dirs(run / "checkpoints") == [run / "checkpoints" / "step-1"]
     loaded_adapter, loaded_state = load_checkpoint(run / "checkpoints" / "step-1")
@@ -187,6 +209,7 @@ def test_a_crash_while_writing_keeps_the_previous_checkpoint(tmp_path, monkeypat
 
 
 # --- pickles that would run code ------------------------------------------------------------------
+
 
 class Payload:
     """Unpickling this runs code: it writes `marker`."""
@@ -253,12 +276,15 @@ def test_cli_resume_refuses_a_run_whose_only_checkpoint_would_run_code(runs, tmp
 
 # --- retention and the manifest -------------------------------------------------------------------
 
+
 def test_save_checkpoint_keeps_the_newest_and_lists_both_checksums(tmp_path):
-    for step in (8, 9, 10, 11, 12):  # across a digit boundary: "step-9" sorts after "step-12" as text
+    # across a digit boundary: "step-9" sorts after "step-12" as text
+    for step in (8, 9, 10, 11, 12):
         save_checkpoint(tmp_path / "checkpoints", step, *small(step), keep=3)
     root = tmp_path / "checkpoints"
     assert checkpoint_dirs(tmp_path / "checkpoints") == [root / "step-12", root / "step-11", root / "step-10"]
-    assert names(tmp_path) == ["step-10", "step-11", "step-12"]  # nothing else: no temp dirs, no old steps
+    # nothing else: no temp dirs, no old steps
+    assert names(tmp_path) == ["step-10", "step-11", "step-12"]
     for final in checkpoint_dirs(tmp_path / "checkpoints"):
         step = int(final.name.split("-")[1])
         assert sorted(p.name for p in final.iterdir()) == sorted([ADAPTER_FILE, STATE_FILE, MANIFEST])
@@ -266,7 +292,7 @@ def test_save_checkpoint_keeps_the_newest_and_lists_both_checksums(tmp_path):
         assert manifest["step"] == step
         assert manifest["files"] == {ADAPTER_FILE: sha256(final / ADAPTER_FILE), STATE_FILE: sha256(final / STATE_FILE)}
         adapter, state = load_checkpoint(final)
-        expected_adapter, expected_state = small(step)
+        expected_adapter, _expected_state = small(step)
         assert_same_tensors(adapter, expected_adapter)
         assert state["step"] == step and torch.equal(state["optimizer"]["state"][0]["exp_avg"], torch.ones(3) * step)
 

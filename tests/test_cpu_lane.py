@@ -8,8 +8,8 @@ import torch
 from helpers import LAMP2, run_train
 
 from lcsb_cli.backends.npu_sim.cpu_lane import layer_seconds
-from lcsb_cli.model.shape import LayerShape
 from lcsb_cli.backends.npu_sim.device import DeviceModel, load_profile
+from lcsb_cli.model.shape import LayerShape
 from lcsb_cli.recipe import load_recipe
 from lcsb_cli.run.engine import build_trainer
 
@@ -69,8 +69,14 @@ def test_the_same_step_is_priced_for_a_cpu_trainer_and_a_mobile_gpu_trainer_by_h
     """1 GFLOP/s CPU, 1 GB/s memory, a GPU at 10 GFLOP/s x 0.5, no launch cost. A product of 2 GFLOP over 2 MB with
     0.1 GFLOP of adapter work, then a CPU-lane operation of 0.1 GFLOP over 100 MB. CPU trainer: 2 + 0.1 + 0.1 s;
     GPU trainer: 0.4 + 0.02 + 0.1 (memory-bound) s."""
-    profile = dataclasses.replace(load_profile("snapdragon-8gen3"), cpu_gflops=1.0, memory_gbs=1.0,
-                                  gpu_fp32_gflops=10.0, gpu_efficiency=0.5, gpu_launch_us=0.0)
+    profile = dataclasses.replace(
+        load_profile("snapdragon-8gen3"),
+        cpu_gflops=1.0,
+        memory_gbs=1.0,
+        gpu_fp32_gflops=10.0,
+        gpu_efficiency=0.5,
+        gpu_launch_us=0.0,
+    )
     device = DeviceModel(profile)
     device.product(2e9, 1e6, 1e6, adapter_flops=1e8)
     device.cpu([(1e8, 1e8)])

@@ -10,14 +10,16 @@ import pytest
 import torch
 from helpers import LAMP2, REPO, adapter_tensors, assert_same_tensors, cli
 
-pytestmark = pytest.mark.slow  # two ranks, each a fresh interpreter
+# two ranks, each a fresh interpreter
+pytestmark = pytest.mark.slow
 COMMON = ("train.max_steps=4", "train.save_every=2", "train.log_every=1", "train.lr_scheduler=constant")
 
 
 def lcsb(*args):
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    return subprocess.run([sys.executable, "-m", "lcsb_cli", *args], cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", "lcsb_cli", *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=600
+    )
 
 
 def errors(proc) -> list[str]:
@@ -31,8 +33,7 @@ def steps(run_dir):
 
 def lora_bytes_per_layer(run_dir):
     tensors = adapter_tensors(run_dir)
-    return sum(t.numel() * 4 for k, t in tensors.items() if ".layers.0." in k), \
-        sum(".layers.0." in k for k in tensors)
+    return sum(t.numel() * 4 for k, t in tensors.items() if ".layers.0." in k), sum(".layers.0." in k for k in tensors)
 
 
 def test_two_ranks_equal_one_process_with_the_global_batch_and_send_only_the_active_block(tmp_path):
@@ -47,18 +48,21 @@ def test_two_ranks_equal_one_process_with_the_global_batch_and_send_only_the_act
         torch.testing.assert_close(b[key], a[key], rtol=1e-3, atol=2e-5)
     for single, data_parallel in zip(steps(one), steps(two)):
         assert abs(single["loss"] - data_parallel["loss"]) < 1e-5 and single["tokens"] == data_parallel["tokens"]
-    block_bytes, block_tensors = lora_bytes_per_layer(one)  # tiny-qwen2 with K=4: one layer a block
+    # tiny-qwen2 with K=4: one layer a block
+    block_bytes, block_tensors = lora_bytes_per_layer(one)
     assert [(r["comm_tensors"], r["comm_bytes"]) for r in steps(two)] == [(block_tensors, block_bytes)] * 4
     assert json.loads((two / "summary.json").read_text())["world_size"] == 2
     assert not (two / "checkpoints" / "step-4" / "rank-1").exists() and len(list(two.glob("adapter*"))) == 1
 
-    resumed = tmp_path / "resumed"  # the N=2 run as it was at its step-2 checkpoint
+    # the N=2 run as it was at its step-2 checkpoint
+    resumed = tmp_path / "resumed"
     shutil.copytree(two, resumed)
     shutil.rmtree(resumed / "checkpoints" / "step-4")
     refused = cli("train", str(LAMP2), *COMMON, "train.batch_size=2", "--output", str(resumed), "--resume")
     assert refused.returncode == 2 and "resume with --nproc 2" in refused.stderr
-    proc = lcsb("train", str(LAMP2), *COMMON, "train.batch_size=2", "--nproc", "2", "--output", str(resumed),
-                "--resume")
+    proc = lcsb(
+        "train", str(LAMP2), *COMMON, "train.batch_size=2", "--nproc", "2", "--output", str(resumed), "--resume"
+    )
     assert proc.returncode == 0, errors(proc)
     assert_same_tensors(adapter_tensors(two), adapter_tensors(resumed))
     assert [r["loss"] for r in steps(two)] == [r["loss"] for r in steps(resumed)]
@@ -81,8 +85,18 @@ def _five_users(tmp_path):
 def test_per_user_runs_are_split_across_ranks(tmp_path):
     keep, data = _five_users(tmp_path)
     run = tmp_path / "users"
-    proc = lcsb("train", str(LAMP2), *data, "data.user=all", "train.max_steps=2", "train.save_every=0",
-                "--nproc", "2", "--output", str(run))
+    proc = lcsb(
+        "train",
+        str(LAMP2),
+        *data,
+        "data.user=all",
+        "train.max_steps=2",
+        "train.save_every=0",
+        "--nproc",
+        "2",
+        "--output",
+        str(run),
+    )
     assert proc.returncode == 0, errors(proc)
     assert sorted(p.name for p in (run / "users").iterdir()) == keep
     assert sorted(p.name for p in (run / "adapters").iterdir()) == keep

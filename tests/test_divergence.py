@@ -45,8 +45,9 @@ def weights(trainer) -> list[torch.Tensor]:
 @pytest.mark.parametrize("snapshot", ["memory", "disk"])
 def test_skip_drops_every_update_of_the_spike_run(monkeypatch, snapshot):
     monkeypatch.setattr(Trainer, "step", scripted({3: SPIKE, 4: SPIKE, 5: SPIKE}))
-    trainer = trainer_for("method=full-backprop", "divergence.action=skip", "divergence.patience=3",
-                          f"divergence.snapshot={snapshot}")
+    trainer = trainer_for(
+        "method=full-backprop", "divergence.action=skip", "divergence.patience=3", f"divergence.snapshot={snapshot}"
+    )
     for index in range(3):
         trainer.step(index)
     before_spikes = weights(trainer)
@@ -80,8 +81,14 @@ def test_rollback_keeps_the_lr_and_block_schedules_in_step_with_the_data(monkeyp
 def test_a_resumed_run_rolls_back_to_the_same_state_as_an_uninterrupted_one(tmp_path, monkeypatch):
     """The spike run starts before the checkpoint at step 4 and ends after it."""
     monkeypatch.setattr(Trainer, "step", scripted({3: SPIKE, 4: SPIKE, 5: SPIKE}))
-    common = ("method=full-backprop", "train.lr_scheduler=constant", "train.warmup_steps=0", "train.save_every=4",
-              "divergence.action=rollback", "divergence.patience=3")
+    common = (
+        "method=full-backprop",
+        "train.lr_scheduler=constant",
+        "train.warmup_steps=0",
+        "train.save_every=4",
+        "divergence.action=rollback",
+        "divergence.patience=3",
+    )
     run_train(tmp_path / "whole", *common, "train.max_steps=7")
     run_train(tmp_path / "split", *common, "train.max_steps=4")
     run_train(tmp_path / "split", *common, "train.max_steps=7", resume=True)
@@ -92,14 +99,22 @@ def test_a_resumed_run_rolls_back_to_the_same_state_as_an_uninterrupted_one(tmp_
 
 def test_rollback_from_the_disk_snapshot_is_bit_identical_to_memory(tmp_path, monkeypatch):
     monkeypatch.setattr(Trainer, "step", scripted({3: SPIKE, 4: SPIKE, 5: SPIKE}))
-    common = ("method=lcsb", "lcsb.blocks=2", "train.max_steps=7", "divergence.action=rollback",
-              "divergence.patience=3", "train.optimizer=adamw8bit")  # 8-bit moments: tensors and a Python step count
+    common = (
+        "method=lcsb",
+        "lcsb.blocks=2",
+        "train.max_steps=7",
+        "divergence.action=rollback",
+        "divergence.patience=3",
+        "train.optimizer=adamw8bit",
+        # 8-bit moments: tensors and a Python step count
+    )
     run_train(tmp_path / "memory", *common, "divergence.snapshot=memory")
     run_train(tmp_path / "disk", *common, "divergence.snapshot=disk")
     rows = read_metrics(tmp_path / "disk" / "metrics.jsonl")
     assert [r.get("event") for r in rows].count("rollback") == 1
     written = [r["snapshot_write_mb"] for r in rows]
-    assert all(mb > 0 for mb in written[:4]) and written[4:6] == [0, 0]  # spiking steps take no snapshot
+    # spiking steps take no snapshot
+    assert all(mb > 0 for mb in written[:4]) and written[4:6] == [0, 0]
     assert any((tmp_path / "disk" / "snapshot").iterdir())
     assert not (tmp_path / "memory" / "snapshot").exists()
     assert_same_tensors(adapter_tensors(tmp_path / "memory"), adapter_tensors(tmp_path / "disk"))
@@ -111,17 +126,24 @@ def test_the_disk_snapshot_rewrites_only_the_parameters_that_moved():
     written = [trainer.step(index)["snapshot_write_mb"] for index in range(4)]
     whole = sum(t.nbytes for group in trainer.good.groups for t in group.values()) / 2**20
     assert 0.3 * whole < written[3] < 0.7 * whole
-    trainer.good.take()  # the last step's update moved one block: written
+    # the last step's update moved one block: written
+    trainer.good.take()
     assert trainer.good.written_mb() > 0
-    trainer.good.take()  # nothing moved since
+    # nothing moved since
+    trainer.good.take()
     assert trainer.good.written_mb() == 0
 
 
 def test_without_a_snapshot_a_divergence_stops_and_keeps_only_the_last_checkpoint(tmp_path, monkeypatch):
     monkeypatch.setattr(Trainer, "step", scripted({3: NAN}))
     with pytest.raises(Diverged, match="the last good state is the last checkpoint"):
-        run_train(tmp_path / "run", "train.max_steps=6", "train.save_every=2", "divergence.action=stop",
-                  "divergence.snapshot=none")
+        run_train(
+            tmp_path / "run",
+            "train.max_steps=6",
+            "train.save_every=2",
+            "divergence.action=stop",
+            "divergence.snapshot=none",
+        )
     assert [p.name for p in (tmp_path / "run" / "checkpoints").iterdir()] == ["step-2"]
     assert not (tmp_path / "run" / "adapter").exists()
     refused = cli("validate", str(LAMP2), "divergence.snapshot=none")

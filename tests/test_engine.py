@@ -26,8 +26,20 @@ def make_trainer(*overrides, loss_fn=causal_lm_loss, optimizer_class=torch.optim
     method = FullBackprop(loaded.model, recipe.activation_checkpointing)
     batches = build_train_batches(recipe, loaded.tokenizer)
     loaded.model.train()
-    return Trainer(loaded.model, params, optimizer, scheduler, method, batches, CpuBackend(),
-                   recipe.train.grad_accum, recipe.train.max_grad_norm, "none", recipe.divergence, loss_fn), loaded
+    return Trainer(
+        loaded.model,
+        params,
+        optimizer,
+        scheduler,
+        method,
+        batches,
+        CpuBackend(),
+        recipe.train.grad_accum,
+        recipe.train.max_grad_norm,
+        "none",
+        recipe.divergence,
+        loss_fn,
+    ), loaded
 
 
 def test_loss_is_normalised_per_target_token_across_accumulation():
@@ -50,9 +62,10 @@ def test_a_nonfinite_loss_never_reaches_the_weights(action, event):
         loss = causal_lm_loss(model, batch)
         return loss * float("nan") if poison["on"] else loss
 
-    trainer, loaded = make_trainer(f"divergence.action={action}", loss_fn=poisoned)
+    trainer, _loaded = make_trainer(f"divergence.action={action}", loss_fn=poisoned)
     initial = [p.detach().clone() for p in trainer.params]
-    trainer.step(0)  # AdamW has state after a clean step, so a NaN step would visibly move the weights
+    # AdamW has state after a clean step, so a NaN step would visibly move the weights
+    trainer.step(0)
     after_first = [p.detach().clone() for p in trainer.params]
     lr = trainer.optimizer.param_groups[0]["lr"]
     poison["on"] = True
@@ -77,7 +90,8 @@ def test_rollback_restores_weights_and_moments_of_the_last_good_step(optimizer_c
     trainer.step(0)
     good = [p.detach().clone() for p in trainer.params]
     moments = {id(p): copy.deepcopy(trainer.optimizer.state[p]) for p in trainer.params}
-    real_step = trainer.optimizer.step  # a poisoned update: moments and step counts advance, weights turn inf
+    # a poisoned update: moments and step counts advance, weights turn inf
+    real_step = trainer.optimizer.step
     trainer.optimizer.step = lambda: (real_step(), [p.data.fill_(float("inf")) for p in trainer.params])
     row = trainer.step(1)
     assert row["event"] == "rollback" and "non-finite" in row["reason"]
@@ -90,8 +104,9 @@ def test_rollback_restores_weights_and_moments_of_the_last_good_step(optimizer_c
 @pytest.mark.parametrize("method", ["lcsb", "full-backprop"])
 def test_activation_checkpointing_changes_no_number(tmp_path, method):
     run_train(tmp_path / "plain", f"method={method}", "train.max_steps=3", "lcsb.blocks=2")
-    run_train(tmp_path / "ckpt", f"method={method}", "train.max_steps=3", "lcsb.blocks=2",
-              "activation_checkpointing=true")
+    run_train(
+        tmp_path / "ckpt", f"method={method}", "train.max_steps=3", "lcsb.blocks=2", "activation_checkpointing=true"
+    )
     losses = [[r["loss"] for r in read_metrics(tmp_path / d / "metrics.jsonl")] for d in ("plain", "ckpt")]
     assert losses[0] == losses[1]
     assert_same_tensors(adapter_tensors(tmp_path / "plain"), adapter_tensors(tmp_path / "ckpt"))
@@ -99,8 +114,9 @@ def test_activation_checkpointing_changes_no_number(tmp_path, method):
 
 def test_idle_update_none_leaves_idle_blocks_alone_and_momentum_moves_them(tmp_path):
     for idle in ("none", "momentum"):
-        run_train(tmp_path / idle, f"lcsb.idle_update={idle}", "train.max_steps=2", "lcsb.blocks=2",
-                  "train.warmup_steps=0")
+        run_train(
+            tmp_path / idle, f"lcsb.idle_update={idle}", "train.max_steps=2", "lcsb.blocks=2", "train.warmup_steps=0"
+        )
     # Step 1 trains block 0 (layers 0-1), step 2 block 1 (layers 2-3): block 0 is idle, with moments, on step 2.
     none, momentum = adapter_tensors(tmp_path / "none"), adapter_tensors(tmp_path / "momentum")
     block0 = [k for k in none if ".layers.0." in k or ".layers.1." in k]
@@ -128,8 +144,9 @@ def test_target_position_loss_equals_the_full_logits_loss_and_gradients():
     fast = {n: p.grad.clone() for n, p in loaded.model.named_parameters() if p.grad is not None}
     loaded.model.zero_grad(set_to_none=True)
     logits = loaded.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits[:, :-1]
-    F.cross_entropy(logits.flatten(0, 1).float(), batch["labels"][:, 1:].flatten(), ignore_index=-100,
-                    reduction="sum").backward()
+    F.cross_entropy(
+        logits.flatten(0, 1).float(), batch["labels"][:, 1:].flatten(), ignore_index=-100, reduction="sum"
+    ).backward()
     for name, p in loaded.model.named_parameters():
         if p.grad is not None:
             torch.testing.assert_close(fast[name], p.grad, rtol=1e-4, atol=1e-6)
@@ -148,9 +165,22 @@ def test_lr_1000_stop_exits_3_naming_the_step_and_rollback_ends_finite(tmp_path)
 
     def train(name, action):
         return subprocess.run(
-            [sys.executable, "-m", "lcsb_cli", "train", str(LAMP2), "--output", str(tmp_path / name), "train.lr=1000",
-             "train.max_steps=25", f"divergence.action={action}"],
-            cwd=REPO, capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"},
+            [
+                sys.executable,
+                "-m",
+                "lcsb_cli",
+                "train",
+                str(LAMP2),
+                "--output",
+                str(tmp_path / name),
+                "train.lr=1000",
+                "train.max_steps=25",
+                f"divergence.action={action}",
+            ],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            env={**os.environ, "HF_HUB_OFFLINE": "1"},
         )
 
     stopped = train("stop", "stop")
@@ -190,7 +220,9 @@ def test_running_out_of_memory_is_bad_input_with_the_figure_and_hints(tmp_path, 
 def test_other_runtime_errors_are_not_disguised_as_memory_errors(tmp_path, monkeypatch):
     from lcsb_cli.run import engine
 
-    monkeypatch.setattr(engine.Trainer, "step", lambda self, step: (_ for _ in ()).throw(RuntimeError("shape mismatch")))
+    monkeypatch.setattr(
+        engine.Trainer, "step", lambda self, step: (_ for _ in ()).throw(RuntimeError("shape mismatch"))
+    )
     with pytest.raises(RuntimeError, match="shape mismatch"):
         run_train(tmp_path / "run", "train.max_steps=2")
 
@@ -201,12 +233,13 @@ def test_without_a_terminal_the_run_prints_plain_whole_lines(tmp_path):
     from lcsb_cli.report import SPARKS, RichReporter, number
     from lcsb_cli.run.engine import train
 
-    console = Console(file=open(tmp_path / "log.txt", "w"), width=80, force_terminal=False)
     run_dir = tmp_path / "a-run-directory-with-a-long-name-so-the-header-would-wrap-at-eighty"
-    summary = train(load_recipe(LAMP2, ["train.max_steps=4", "train.eval_every=4"]), run_dir, RichReporter(console))
-    console.file.close()
+    with open(tmp_path / "log.txt", "w") as log:
+        console = Console(file=log, width=80, force_terminal=False)
+        summary = train(load_recipe(LAMP2, ["train.max_steps=4", "train.eval_every=4"]), run_dir, RichReporter(console))
     lines = (tmp_path / "log.txt").read_text().splitlines()
-    assert any(line.endswith(f"-> {run_dir}") for line in lines)  # the header is one line
+    # the header is one line
+    assert any(line.endswith(f"-> {run_dir}") for line in lines)
     steps = [line for line in lines if line.startswith("step ") and " loss " in line]
     assert len(steps) == 4 and all(" lr " in line and " tok/s " in line for line in steps)
     assert not any(char in "".join(lines) for char in SPARKS)
@@ -221,7 +254,10 @@ def test_the_end_of_a_run_says_what_it_bought():
 
     before = {"n": 90, "accuracy": 0.5111, "macro_f1": 0.4812, "majority_accuracy": 0.1444, "loss": 2.0}
     after = {**before, "accuracy": 0.6889, "macro_f1": 0.6533}
-    assert what_it_bought(before, after) == ("held-out accuracy 0.511 -> 0.689 (majority 0.144), "
-                                             "macro-F1 0.481 -> 0.653")
-    assert what_it_bought({"loss": 3.0, "perplexity": 20.1}, {"loss": 2.0, "perplexity": 7.4}) == \
-        "held-out perplexity 20.100 -> 7.400"
+    assert what_it_bought(before, after) == (
+        "held-out accuracy 0.511 -> 0.689 (majority 0.144), macro-F1 0.481 -> 0.653"
+    )
+    assert (
+        what_it_bought({"loss": 3.0, "perplexity": 20.1}, {"loss": 2.0, "perplexity": 7.4})
+        == "held-out perplexity 20.100 -> 7.400"
+    )

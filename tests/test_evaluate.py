@@ -8,6 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from helpers import LAMP2, REPO, run_train
+from synthetic import write_lamp2_sample
 
 from lcsb_cli.data import load_task, users
 from lcsb_cli.data.lamp2 import (
@@ -19,7 +20,6 @@ from lcsb_cli.data.lamp2 import (
     profile_questions,
     retrieve_profile,
 )
-from synthetic import write_lamp2_sample
 from lcsb_cli.evaluate import run_eval
 from lcsb_cli.evaluate.labels import answer_logprobs, lamp2_metrics, majority_accuracy, score_tags
 from lcsb_cli.model.load import inference_mode, load_model
@@ -64,7 +64,8 @@ def test_profile_statements_are_dropped_before_the_question_is_cut(tokenizer):
     bare = encode_example(tokenizer, text, "sci-fi", 512)
     tight = encode_example(tokenizer, text, "sci-fi", len(bare["input_ids"]) + 10, profile)
     assert len(full["input_ids"]) > len(bare["input_ids"]) + 4 * 20
-    assert tight["input_ids"][-len(bare["input_ids"]):] == bare["input_ids"]  # question, tags, answer whole
+    # question, tags, answer whole
+    assert tight["input_ids"][-len(bare["input_ids"]) :] == bare["input_ids"]
     assert tokenizer.decode(full["input_ids"]).startswith('the tag for the movie: "slapstick')
 
 
@@ -82,8 +83,10 @@ def test_users_group_by_user_id_or_by_question():
     assert list(group_by_user(untimed)) == ["7", "8"]
     items = [{"id": "p1", "tag": "comedy", "description": "gags"}, {"id": "p2", "tag": "action", "description": "cars"}]
     made = profile_questions(_question("x", items, user="u1"))
-    assert [(q.id, q.output, [p["id"] for p in q.profile]) for q in made] == [("p1", "comedy", ["p2"]),
-                                                                              ("p2", "action", ["p1"])]
+    assert [(q.id, q.output, [p["id"] for p in q.profile]) for q in made] == [
+        ("p1", "comedy", ["p2"]),
+        ("p2", "action", ["p1"]),
+    ]
 
 
 def _with_random_lora(recipe):
@@ -112,15 +115,14 @@ def test_shared_prefix_scores_equal_each_prompt_and_answer_run_whole_and_unpadde
     forward of each prompt + answer alone; with the adapter, without it, and on 4-bit weights."""
     from lcsb_cli.evaluate import labels
 
-    recipe, loaded = request.getfixturevalue("tiny_nf4" if case == "nf4" else "tiny_model")
+    _recipe, loaded = request.getfixturevalue("tiny_nf4" if case == "nf4" else "tiny_model")
     if case == "one-answer-a-pass":
         monkeypatch.setattr(labels, "LOGITS_BUDGET_BYTES", 1)
     prompts = [[5, 6, 7, 8, 9, 10], [5, 6], [20, 21, 22]]
     rows = [(0, [11, 0]), (0, [12, 13, 14, 0]), (1, [12, 13, 14, 0]), (1, [0]), (1, [11, 0]), (2, [0])]
     adapter = loaded.model.disable_adapter() if case == "base" else contextlib.nullcontext()
     with inference_mode(loaded.model), adapter:
-        got = answer_logprobs(loaded.model, prompts, [a for _, a in rows], [o for o, _ in rows], 1,
-                               torch.device("cpu"))
+        got = answer_logprobs(loaded.model, prompts, [a for _, a in rows], [o for o, _ in rows], 1, torch.device("cpu"))
         references = []
         for owner, answer in rows:
             prompt = prompts[owner]
@@ -128,7 +130,8 @@ def test_shared_prefix_scores_equal_each_prompt_and_answer_run_whole_and_unpadde
             references.append(float(sum(logp[len(prompt) - 1 + j, token] for j, token in enumerate(answer))))
     for score, reference in zip(got.tolist(), references):
         assert math.isclose(score, reference, rel_tol=1e-5, abs_tol=1e-5)
-    for owner in range(len(prompts)):  # each prompt's answers rank alike
+    # each prompt's answers rank alike
+    for owner in range(len(prompts)):
         mine = [i for i, (o, _) in enumerate(rows) if o == owner]
         assert sorted(mine, key=lambda i: got[i]) == sorted(mine, key=lambda i: references[i])
     worst = max(abs(a - b) for a, b in zip(got.tolist(), references))
@@ -156,8 +159,12 @@ def official_layout(tmp_path_factory):
 
 
 def _files(path):
-    return [f"data.train={path / 'train_questions.json'}", f"data.train_labels={path / 'train_outputs.json'}",
-            f"data.eval={path / 'dev_questions.json'}", f"data.eval_labels={path / 'dev_outputs.json'}"]
+    return [
+        f"data.train={path / 'train_questions.json'}",
+        f"data.train_labels={path / 'train_outputs.json'}",
+        f"data.eval={path / 'dev_questions.json'}",
+        f"data.eval_labels={path / 'dev_outputs.json'}",
+    ]
 
 
 @pytest.mark.slow
@@ -177,8 +184,11 @@ def test_heldout_files_train_and_evaluate_and_predictions_recompute(tmp_path, of
     assert recomputed["accuracy"] == saved["accuracy"] == result["accuracy"]
     assert recomputed["macro_f1"] == saved["macro_f1"]
     assert {"majority_accuracy", "per_tag", "top_confusions"} <= set(saved)
-    assert (saved["evaluated"], saved["adapter"], saved["run_dir"]) == (f"adapter {run_dir / 'adapter'}",
-                                                                      str(run_dir / "adapter"), str(run_dir))
+    assert (saved["evaluated"], saved["adapter"], saved["run_dir"]) == (
+        f"adapter {run_dir / 'adapter'}",
+        str(run_dir / "adapter"),
+        str(run_dir),
+    )
     assert saved["model"] == recipe.model.name and saved["recipe"]["data"]["profile_k"] == 2
     base = run_eval(recipe, tmp_path / "base")
     assert (base["evaluated"], base["adapter"], base["run_dir"]) == (f"base model {recipe.model.name}", None, None)
@@ -199,9 +209,16 @@ def test_per_user_runs_train_one_adapter_each_and_report_per_user(tmp_path, offi
     (tmp_path / "q.json").write_text(json.dumps(subset))
     golds = json.loads((official_layout / "dev_outputs.json").read_text())
     ids = {q["id"] for q in subset}
-    (tmp_path / "o.json").write_text(json.dumps({"task": "LaMP_2", "golds": [g for g in golds["golds"] if g["id"] in ids]}))
-    overrides = [f"data.eval={tmp_path / 'q.json'}", f"data.eval_labels={tmp_path / 'o.json'}", "data.user=all",
-                 "train.max_steps=2", "overnight.report=true"]
+    (tmp_path / "o.json").write_text(
+        json.dumps({"task": "LaMP_2", "golds": [g for g in golds["golds"] if g["id"] in ids]})
+    )
+    overrides = [
+        f"data.eval={tmp_path / 'q.json'}",
+        f"data.eval_labels={tmp_path / 'o.json'}",
+        "data.user=all",
+        "train.max_steps=2",
+        "overnight.report=true",
+    ]
     run_dir = tmp_path / "run"
     summary = run_train(run_dir, *overrides)
     assert summary["users"] == 2 and summary["max_steps"] == 4
@@ -226,8 +243,9 @@ def test_per_user_runs_train_one_adapter_each_and_report_per_user(tmp_path, offi
     # one base, adapters swapped in: the same as loading the base with each user's adapter afresh
     swapped = {g["id"]: g["output"] for g in json.loads((run_dir / "predictions.json").read_text())["golds"]}
     for user in two_users:
-        alone = run_eval(load_recipe(run_dir / "config.yaml", [f"data.user={user}"]), tmp_path / user,
-                         run_dir / "adapters" / user)
+        alone = run_eval(
+            load_recipe(run_dir / "config.yaml", [f"data.user={user}"]), tmp_path / user, run_dir / "adapters" / user
+        )
         assert alone["n"] == result["users"][user]["n"] > 0
         assert alone["loss"] == pytest.approx(result["users"][user]["loss"], abs=1e-6)
         reloaded = json.loads((tmp_path / user / "predictions.json").read_text())["golds"]
@@ -255,7 +273,8 @@ def test_every_pass_reports_its_progress_up_to_its_item_count(tiny_model):
     from lcsb_cli.report import Phases
 
     recipe, loaded = tiny_model
-    questions = load_task(recipe, loaded.tokenizer).need_held_out()[:10]  # batch 8: two batches a pass
+    # batch 8: two batches a pass
+    questions = load_task(recipe, loaded.tokenizer).need_held_out()[:10]
     told: dict[str, list[int]] = {}
 
     @contextlib.contextmanager
@@ -272,4 +291,5 @@ def test_every_pass_reports_its_progress_up_to_its_item_count(tiny_model):
         advance(8)
         advance(2)
     assert "10/10" in screen.getvalue() and "/s" in screen.getvalue()
-    assert "score mode: 10 items in" in screen.getvalue().rstrip().splitlines()[-1]  # the bar gone, the line stays
+    # the bar gone, the line stays
+    assert "score mode: 10 items in" in screen.getvalue().rstrip().splitlines()[-1]

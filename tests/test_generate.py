@@ -11,13 +11,14 @@ import pytest
 import torch
 from helpers import LAMP2, REPO, assert_one_line_error, cli, run_train, snapshot
 
-from lcsb_cli.run.rundir import resolve_target
 from lcsb_cli.errors import BadInput
 from lcsb_cli.generate import chat_prompt_ids, generate_ids, generate_texts
 from lcsb_cli.model.load import load_model, load_tokenizer
 from lcsb_cli.recipe import load_recipe
+from lcsb_cli.run.rundir import resolve_target
 
-pytestmark = pytest.mark.xdist_group("generate")  # one worker trains and exports the module's run once
+# one worker trains and exports the module's run once
+pytestmark = pytest.mark.xdist_group("generate")
 
 CPU = torch.device("cpu")
 PROMPTS = ["Which tag does this movie relate to?", "A long description of a film where many things happen and"]
@@ -45,7 +46,7 @@ def greedy_without_cache(model, prompt: list[int], max_new_tokens: int, stops: s
             if token in stops:
                 break
             ids.append(token)
-    return ids[len(prompt):]
+    return ids[len(prompt) :]
 
 
 def test_batched_cached_greedy_equals_a_full_forward_loop(tiny):
@@ -55,10 +56,12 @@ def test_batched_cached_greedy_equals_a_full_forward_loop(tiny):
 
     got = generate_ids(model, tiny.tokenizer, prompts, 16)
 
-    assert model.training  # inference_mode put it back
+    # inference_mode put it back
+    assert model.training
     want = [greedy_without_cache(model.eval(), p, 16, {tiny.tokenizer.eos_token_id}) for p in prompts]
     assert got == want
-    assert all(len(set(tokens)) > 4 for tokens in got), got  # not a degenerate repetition
+    # not a degenerate repetition
+    assert all(len(set(tokens)) > 4 for tokens in got), got
 
 
 def test_a_generation_config_eos_stops_it_and_is_cut(tiny):
@@ -74,7 +77,7 @@ def test_a_generation_config_eos_stops_it_and_is_cut(tiny):
         config.eos_token_id = saved
     eos = tiny.tokenizer.eos_token_id
     assert got == [greedy_without_cache(tiny.model.eval(), p, 16, {eos, stop}) for p in prompts]
-    assert got[0] == free[0][:free[0].index(stop)]
+    assert got[0] == free[0][: free[0].index(stop)]
 
 
 def test_a_stop_string_ends_its_row_early_and_is_cut_from_the_text(tiny):
@@ -82,15 +85,17 @@ def test_a_stop_string_ends_its_row_early_and_is_cut_from_the_text(tiny):
     free_ids = generate_ids(tiny.model, tiny.tokenizer, prompts, 16)
     free = generate_texts(tiny.model, tiny.tokenizer, prompts, 16)
     words = free[0].split()
-    stop = words[len(words) // 2]  # a word from the middle of row 0's answer
+    # a word from the middle of row 0's answer
+    stop = words[len(words) // 2]
     assert len(words) >= 3 and len(free_ids[0]) == 16
 
     got_ids = generate_ids(tiny.model, tiny.tokenizer, prompts, 16, stop=[stop])
     got = generate_texts(tiny.model, tiny.tokenizer, prompts, 16, stop=[stop, "never in any text"])
 
-    assert got == [text[:text.index(stop)] if stop in text else text for text in free]
-    assert len(got_ids[0]) < len(free_ids[0]) and got_ids[0] == free_ids[0][:len(got_ids[0])]  # ended there
-    assert got_ids[1] == free_ids[1][:len(got_ids[1])]
+    assert got == [text[: text.index(stop)] if stop in text else text for text in free]
+    # ended there
+    assert len(got_ids[0]) < len(free_ids[0]) and got_ids[0] == free_ids[0][: len(got_ids[0])]
+    assert got_ids[1] == free_ids[1][: len(got_ids[1])]
 
 
 def test_sampling_is_seeded_and_leaves_the_global_rng_alone(tiny):
@@ -117,6 +122,7 @@ def test_chat_prompt_ids_is_a_plain_list_from_the_template(tiny):
 
 
 # --- a trained run, its merged export and the CLI ------------------------------------------------
+
 
 def _with_template(source: Path, target: Path, template: str | None) -> Path:
     """A copy of a model dir whose tokenizer has exactly `template` as its chat template (None: none)."""
@@ -159,8 +165,9 @@ def test_a_run_and_its_merged_export_generate_the_same_tokens(world):
     outputs = []
     for recipe, path in ((run_recipe, adapter), (merged_recipe, None)):
         loaded = load_model(recipe, CPU, path)
-        outputs.append(generate_ids(loaded.model, loaded.tokenizer, [loaded.tokenizer(p)["input_ids"] for p in PROMPTS],
-                                    12))
+        outputs.append(
+            generate_ids(loaded.model, loaded.tokenizer, [loaded.tokenizer(p)["input_ids"] for p in PROMPTS], 12)
+        )
     assert outputs[0] == outputs[1]
 
 
@@ -168,11 +175,13 @@ def test_cli_run_dir_equals_merged_export_and_differs_from_the_base(world):
     file = str(world / "prompts.jsonl")
     from_run = _generated(str(world / "run"), "--file", file)
     assert from_run == _generated(str(world / "merged"), "--file", file)
-    assert from_run != _generated(str(LAMP2.relative_to(REPO)), "--file", file)  # the base model
+    # the base model
+    assert from_run != _generated(str(LAMP2.relative_to(REPO)), "--file", file)
     one = _generated(str(world / "run"), "--prompt", PROMPTS[0])
     assert one == _generated(str(world / "merged"), "--prompt", PROMPTS[0])
-    stop = one.strip()[len(one.strip()) // 2:][:3]  # printed text from the middle of the generation
-    assert _generated(str(world / "run"), "--prompt", PROMPTS[0], "--stop", stop) == one[:one.index(stop)] + "\n"
+    # printed text from the middle of the generation
+    stop = one.strip()[len(one.strip()) // 2 :][:3]
+    assert _generated(str(world / "run"), "--prompt", PROMPTS[0], "--stop", stop) == one[: one.index(stop)] + "\n"
 
 
 @pytest.mark.parametrize("model_dir", ["merged", "lamp-tiny"])
@@ -183,23 +192,34 @@ def test_exported_and_shipped_models_name_their_end_of_text(world, model_dir):
     eos = load_tokenizer(path).eos_token_id
     assert eos is not None
     assert AutoConfig.from_pretrained(path).eos_token_id == eos
-    assert GenerationConfig.from_pretrained(path).eos_token_id == eos  # what plain `generate` stops at
+    # what plain `generate` stops at
+    assert GenerationConfig.from_pretrained(path).eos_token_id == eos
 
 
 def test_cli_chat_applies_the_template_to_a_prompt_and_to_messages(world):
     chat = world / "chat.jsonl"
-    chat.write_text(json.dumps({"messages": [{"role": "system", "content": "Be brief."},
-                                             {"role": "user", "content": "Name a tag."}]}) + "\n"
-                    + json.dumps({"prompt": PROMPTS[0]}) + "\n")
+    chat.write_text(
+        json.dumps(
+            {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Name a tag."}]}
+        )
+        + "\n"
+        + json.dumps({"prompt": PROMPTS[0]})
+        + "\n"
+    )
     rendered = world / "rendered.jsonl"
-    rendered.write_text(json.dumps({"prompt": "[system] Be brief.\n[user] Name a tag.\n[assistant]"}) + "\n"
-                        + json.dumps({"prompt": f"[user] {PROMPTS[0]}\n[assistant]"}) + "\n")
+    rendered.write_text(
+        json.dumps({"prompt": "[system] Be brief.\n[user] Name a tag.\n[assistant]"})
+        + "\n"
+        + json.dumps({"prompt": f"[user] {PROMPTS[0]}\n[assistant]"})
+        + "\n"
+    )
     with_chat = _generated(str(world / "chat"), "--chat", "--file", str(chat))
     assert with_chat == _generated(str(world / "chat"), "--file", str(rendered))
     assert with_chat != _generated(str(world / "chat"), "--file", str(world / "prompts.jsonl"))
 
 
-BAD = [  # (id, args with {w} for the world dir, words the single error line must hold)
+# (id, args with {w} for the world dir, words the single error line must hold)
+BAD = [
     ("chat-without-template", ["{w}/plain", "--chat", "--prompt", "hi"], ["no chat template"]),
     ("prompt-and-file", ["{w}/run", "--prompt", "hi", "--file", "{w}/prompts.jsonl"], ["exactly one", "--prompt"]),
     ("neither-prompt-nor-file", ["{w}/run"], ["exactly one", "--file"]),

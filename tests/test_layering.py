@@ -9,12 +9,23 @@ from pathlib import Path
 import lcsb_cli
 
 PACKAGE = Path(lcsb_cli.__file__).resolve().parent
-LAYERS = [  # a module may import modules of its own layer or of lower ones; a module's layer is that of the longest
+# a module may import modules of its own layer or of lower ones; a module's layer is that of the longest
+LAYERS = [
     # name below lcsb_cli that the table holds (run.checkpoint before run)
     {"selective", "errors", "atomic", "window", "paths", "runtime"},
-    {"recipe", "recipe_yaml"},
-    {"methods", "model", "data", "backends", "report", "run.checkpoint", "run.distributed", "run.divergence",
-     "run.rundir", "run.summary"},
+    {"recipe", "recipe_schema", "recipe_yaml"},
+    {
+        "methods",
+        "model",
+        "data",
+        "backends",
+        "report",
+        "run.checkpoint",
+        "run.distributed",
+        "run.divergence",
+        "run.rundir",
+        "run.summary",
+    },
     {"run", "evaluate", "bench", "generate"},
     {"cli", "__main__"},
 ]
@@ -56,7 +67,8 @@ def layer_of(module: str) -> int:
         for index, names in enumerate(LAYERS):
             if name in names:
                 return index
-    return len(LAYERS)  # lcsb_cli/__init__.py: above everything
+    # lcsb_cli/__init__.py: above everything
+    return len(LAYERS)
 
 
 def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
@@ -67,7 +79,7 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
         stack.append(node)
         for nxt in sorted(graph[node]):
             if state.get(nxt) == "open":
-                return stack[stack.index(nxt):] + [nxt]
+                return stack[stack.index(nxt) :] + [nxt]
             if nxt not in state and (cycle := visit(nxt)):
                 return cycle
         state[node] = "done"
@@ -86,8 +98,11 @@ def test_every_module_has_a_layer():
 
 
 def test_no_file_over_400_lines():
-    long = {str(path.relative_to(PACKAGE)): n for path in PACKAGE.rglob("*.py")
-            if (n := len(path.read_text().splitlines())) > 400}
+    long = {
+        str(path.relative_to(PACKAGE)): n
+        for path in PACKAGE.rglob("*.py")
+        if (n := len(path.read_text().splitlines())) > 400
+    }
     assert not long, long
 
 
@@ -102,8 +117,13 @@ def test_imports_point_down_only():
 
 def test_the_core_imports_nothing_of_the_project():
     graph = project_imports()
-    outside = {b for a, targets in graph.items() if a.startswith("lcsb_cli.selective") for b in targets
-               if not b.startswith("lcsb_cli.selective")}
+    outside = {
+        b
+        for a, targets in graph.items()
+        if a.startswith("lcsb_cli.selective")
+        for b in targets
+        if not b.startswith("lcsb_cli.selective")
+    }
     assert not outside, outside
 
 

@@ -32,10 +32,18 @@ def test_a_training_process_never_loads_the_compiler_or_the_data_and_plotting_st
     matplotlib belong to the formats and verbs that use them. The process starts without TORCHDYNAMO_DISABLE in its
     environment: lcsb sets it itself."""
     env = {k: v for k, v in os.environ.items() if k != "TORCHDYNAMO_DISABLE"}
-    out = subprocess.run([sys.executable, "-c", TRAIN_AND_LIST_MODULES, str(LAMP2), str(tmp_path / "run")], env=env,
-                         cwd=REPO, capture_output=True, text=True, check=True, timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-c", TRAIN_AND_LIST_MODULES, str(LAMP2), str(tmp_path / "run")],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=300,
+    )
     modules = set(json.loads(out.stdout.splitlines()[-1]))
-    assert "peft" in modules and "bitsandbytes" in modules  # the path under test really was the training one
+    # the path under test really was the training one
+    assert "peft" in modules and "bitsandbytes" in modules
     loaded = {name for name in modules if name.split(".")[0] in ("datasets", "pyarrow", "pandas", "matplotlib")}
     assert not loaded
     assert "torch._inductor.compile_fx" not in modules
@@ -45,7 +53,8 @@ def lora_grads(backward: str, *overrides: str):
     """Loss and gradients (every LoRA weight, and the embeddings' output) of one batch under lora.backward."""
     recipe = load_recipe(LAMP2, [f"lora.backward={backward}", "lora.rank=8", *overrides])
     loaded = load_model(recipe, torch.device("cpu"))
-    with torch.no_grad():  # peft starts B at zero, which would leave dA zero on both sides
+    # peft starts B at zero, which would leave dA zero on both sides
+    with torch.no_grad():
         for name, param in loaded.model.named_parameters():
             if "lora_B" in name:
                 param.normal_(0, 0.02, generator=torch.Generator().manual_seed(len(name)))
@@ -71,9 +80,12 @@ def test_mesp_lora_backward_gives_peft_autograd_gradients(overrides):
     assert sum(isinstance(m, MespLinear) for m in model.modules()) == 4 * 7
     assert torch.equal(loss, mesp_loss)
     assert grads.keys() == mesp_grads.keys() and len(grads) == 2 * 4 * 7
-    tolerance = 1e-5 if not overrides else 1e-2  # bf16 activations: the two sum in different orders
+    # bf16 activations: the two sum in different orders
+    tolerance = 1e-5 if not overrides else 1e-2
     for name in grads:
-        assert torch.allclose(grads[name], mesp_grads[name], rtol=tolerance, atol=tolerance * grads[name].abs().max()), name
+        assert torch.allclose(
+            grads[name], mesp_grads[name], rtol=tolerance, atol=tolerance * grads[name].abs().max()
+        ), name
     assert torch.allclose(input_grad, mesp_input_grad, rtol=tolerance, atol=tolerance * input_grad.abs().max())
 
 

@@ -61,13 +61,16 @@ def test_streamed_preset_is_the_same_model_whole_module_by_module_and_from_its_c
     name = "model.name=tiny-streamed"
     # whole: the fp32 checkpoint quantization=none materialises, quantized by transformers
     whole = loss_and_grads(name, "quantization=nf4")
-    built = loss_and_grads(name, *STREAMED)  # drawn and quantized one module at a time, then cached
+    # drawn and quantized one module at a time, then cached
+    built = loss_and_grads(name, *STREAMED)
     cached = list(streamed_preset.glob("quantized/tiny-streamed-*/model.safetensors"))
     assert len(cached) == 1
     assert_same(built, whole)
-    assert_same(loss_and_grads(name, *STREAMED), built)  # loaded from the cache
+    # loaded from the cache
+    assert_same(loss_and_grads(name, *STREAMED), built)
     assert len(list(streamed_preset.glob("quantized/*"))) == 1
-    cached[0].write_bytes(cached[0].read_bytes()[:1000])  # a cache file cut short: rebuilt, same model
+    # a cache file cut short: rebuilt, same model
+    cached[0].write_bytes(cached[0].read_bytes()[:1000])
     assert_same(loss_and_grads(name, *STREAMED), built)
     assert cached[0].stat().st_size > 1000
 
@@ -75,7 +78,8 @@ def test_streamed_preset_is_the_same_model_whole_module_by_module_and_from_its_c
 def test_streamed_build_never_holds_the_full_precision_model(monkeypatch):
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    monkeypatch.setattr(streamed, "DRAW_ROWS", 256)  # the embedding drawn in 16 chunks, as 4096 of 151,936 rows
+    # the embedding drawn in 16 chunks, as 4096 of 151,936 rows
+    monkeypatch.setattr(streamed, "DRAW_ROWS", 256)
     spec = yaml.safe_load((models.PRESET_DIR / "tiny-qwen2.yaml").read_text())
     config = AutoConfig.for_model(spec["architecture"], **spec["config"])
     with memory.LiveBytes() as whole:
@@ -123,7 +127,8 @@ def chunked_and_full(head, whole, targets=40, vocab=1000):
 
 @pytest.mark.parametrize("kind", ["linear", "4bit"])
 def test_chunked_cross_entropy_equals_the_full_logits_loss_and_gradients(monkeypatch, kind):
-    monkeypatch.setattr(losses, "CHUNK_BYTES", 64 * 40 * 4)  # 40 targets x 64 vocabulary rows: 16 slices
+    # 40 targets x 64 vocabulary rows: 16 slices
+    monkeypatch.setattr(losses, "CHUNK_BYTES", 64 * 40 * 4)
     weight = torch.randn(1000, 64, generator=torch.Generator().manual_seed(0))
     if kind == "linear":
         head = torch.nn.Linear(64, 1000, bias=False).requires_grad_(False)
@@ -151,10 +156,13 @@ def test_chunked_cross_entropy_never_holds_the_full_logits(monkeypatch):
     hidden = torch.randn(256, 64, requires_grad=True)
     head = torch.nn.Linear(64, 16384, bias=False).requires_grad_(False)
     labels = torch.randint(0, 16384, (256,))
-    full_logits = 256 * 16384 * 4  # 16 MiB of fp32 logits
+    # 16 MiB of fp32 logits
+    full_logits = 256 * 16384 * 4
     peaks = {}
-    for name, fn in [("chunked", lambda: losses.head_cross_entropy(head, hidden, labels)),
-                     ("full", lambda: F.cross_entropy(head(hidden).float(), labels, reduction="sum"))]:
+    for name, fn in [
+        ("chunked", lambda: losses.head_cross_entropy(head, hidden, labels)),
+        ("full", lambda: F.cross_entropy(head(hidden).float(), labels, reduction="sum")),
+    ]:
         with memory.LiveBytes() as live:
             fn().backward()
         peaks[name] = live.peak
@@ -233,8 +241,10 @@ print(rss_mb() - start)
 """
 
 
-@pytest.mark.skipif(not torch.ops.mkldnn._is_mkldnn_bf16_supported(),
-                    reason="without native bf16 (AVX512-BF16 / AMX) oneDNN caches no per-shape bf16 kernels to cap")
+@pytest.mark.skipif(
+    not torch.ops.mkldnn._is_mkldnn_bf16_supported(),
+    reason="without native bf16 (AVX512-BF16 / AMX) oneDNN caches no per-shape bf16 kernels to cap",
+)
 def test_kernel_cache_limit_stops_growth_with_batch_length():
     assert run_python(KERNELS.format(entries=4)) < run_python(KERNELS.format(entries=0)) / 2
 
@@ -243,7 +253,8 @@ def test_breakdown_parts_match_what_the_test_counts_itself():
     """Each part against an independent count: the LoRA tensors, AdamW moments and gradients the test sums, and the
     bytes the decoder's forward leaves allocated (what its graph holds for backward), tracked allocation by
     allocation, not by the probe's save hooks."""
-    gc.collect()  # tensors other tests in this worker left alive count too: hold them so they stay what they are
+    # tensors other tests in this worker left alive count too: hold them so they stay what they are
+    gc.collect()
     earlier = [t for t in gc.get_objects() if issubclass(type(t), torch.Tensor) and t.device.type == "cpu"]
     earlier_bytes = sum({t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in earlier}.values())
     recipe = load_recipe(LAMP2, [*STREAMED, "memory.embedding=nf4", "model.dtype=bfloat16", "lora.rank=64"])
@@ -251,29 +262,37 @@ def test_breakdown_parts_match_what_the_test_counts_itself():
     loaded.model.train()
     lora = [p for p in loaded.model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(lora, lr=1e-3)
-    with memory.LiveBytes() as forward:  # every storage the forward creates and still holds when it returns
+    # every storage the forward creates and still holds when it returns
+    with memory.LiveBytes() as forward:
         loss = causal_lm_loss(loaded.model, build_train_batches(recipe, loaded.tokenizer).batch(0), loaded.probe)
     held = forward.live
     loss.backward()
     grads = sum(p.grad.nbytes for p in lora)
     optimizer.step()
-    optimizer.zero_grad(set_to_none=True)  # as the trainer does: the step's gradients are gone when it reports
+    # as the trainer does: the step's gradients are gone when it reports
+    optimizer.zero_grad(set_to_none=True)
     moments = sum(t.nbytes for state in optimizer.state.values() for t in state.values())
     del loss
     gc.collect()
     resident_now = memory.rss_mb()
     figures = memory.breakdown(loaded.model, loaded.probe, loaded.runtime_mb)
     mb = 2**-20
-    assert moments >= 2 * sum(p.nbytes for p in lora) and grads == sum(p.nbytes for p in lora)  # counted right
-    assert figures["lora_optimizer_mb"] == pytest.approx((earlier_bytes + sum(p.nbytes for p in lora) + moments + grads) * mb,
-                                                              abs=0.1)
+    # counted right
+    assert moments >= 2 * sum(p.nbytes for p in lora) and grads == sum(p.nbytes for p in lora)
+    assert figures["lora_optimizer_mb"] == pytest.approx(
+        (earlier_bytes + sum(p.nbytes for p in lora) + moments + grads) * mb, abs=0.1
+    )
     # the forward holds the decoder's saved activations plus a few KB of the head's (its targets' hidden rows, lse)
     assert held - 2**14 <= loaded.probe.activations <= held
     assert figures["activations_mb"] == pytest.approx(held * mb, abs=0.1)
-    assert 0 < figures["logits_mb"] < 0.2 * figures["activations_mb"]  # chunked head: a slice of logits at a time
-    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in memory.frozen_tensors(loaded.model)}
+    # chunked head: a slice of logits at a time
+    assert 0 < figures["logits_mb"] < 0.2 * figures["activations_mb"]
+    storages = {
+        t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in memory.frozen_tensors(loaded.model)
+    }
     assert figures["weights_mb"] == pytest.approx(sum(storages.values()) * mb, abs=0.1)
-    assert any(t.dtype == torch.uint8 for t in memory.frozen_tensors(loaded.model))  # packed 4-bit weights
+    # packed 4-bit weights
+    assert any(t.dtype == torch.uint8 for t in memory.frozen_tensors(loaded.model))
     assert 0 < figures["runtime_mb"] < figures["peak_rss_mb"] and resident_now <= figures["peak_rss_mb"]
 
 
@@ -307,13 +326,17 @@ def test_memory_recipe_builds_its_0_5b_model_4bit_with_full_one_row_batches():
     loaded = load_model(recipe, torch.device("cpu"))
     frozen = [p for p in loaded.model.parameters() if not p.requires_grad]
     packed = [p for p in frozen if p.dtype == torch.uint8]
-    assert len(packed) == 7 * len(loaded.layers)  # every projection's frozen weight is packed 4-bit
+    # every projection's frozen weight is packed 4-bit
+    assert len(packed) == 7 * len(loaded.layers)
     assert sum(isinstance(m, MespLinear) for m in loaded.model.modules()) == 7 * len(loaded.layers)
-    assert {p.dtype for p in frozen if p.dtype != torch.uint8} == {torch.bfloat16}  # norms and biases
+    # norms and biases
+    assert {p.dtype for p in frozen if p.dtype != torch.uint8} == {torch.bfloat16}
     assert isinstance(loaded.model.get_input_embeddings(), streamed.QuantizedEmbedding)
     assert isinstance(loaded.model.get_output_embeddings(), streamed.QuantizedHead)
     assert build_train_batches(recipe, loaded.tokenizer).batch(0)["input_ids"].shape == (1, recipe.data.max_length)
-    without_profile = build_train_batches(load_recipe(path, ["model.name=tiny-qwen2", "data.profile_k=0"]), loaded.tokenizer)
+    without_profile = build_train_batches(
+        load_recipe(path, ["model.name=tiny-qwen2", "data.profile_k=0"]), loaded.tokenizer
+    )
     assert without_profile.batch(0)["input_ids"].shape[1] < recipe.data.max_length
 
 
@@ -335,13 +358,16 @@ def test_4bit_rows_refuse_a_width_that_is_not_whole_blocks():
         streamed.QuantizedRows(10, 96, "nf4")
 
 
-@pytest.mark.parametrize("overrides,key", [
-    (["memory.embedding=nf4"], "memory.embedding"),
-    (["memory.streamed_load=true"], "memory.streamed_load"),
-    (["quantization=nf4", "memory.streamed_load=true", "backend=cuda"], "memory.streamed_load"),
-    (["train.optimizer=sgd"], "train.optimizer"),
-    ([*STREAMED, "model.trust_remote_code=true"], "memory.streamed_load"),
-])
+@pytest.mark.parametrize(
+    "overrides,key",
+    [
+        (["memory.embedding=nf4"], "memory.embedding"),
+        (["memory.streamed_load=true"], "memory.streamed_load"),
+        (["quantization=nf4", "memory.streamed_load=true", "backend=cuda"], "memory.streamed_load"),
+        (["train.optimizer=sgd"], "train.optimizer"),
+        ([*STREAMED, "model.trust_remote_code=true"], "memory.streamed_load"),
+    ],
+)
 def test_memory_settings_that_cannot_work_are_bad_input(overrides, key):
     with pytest.raises(BadInput, match=key):
         load_recipe(LAMP2, overrides)
@@ -356,16 +382,25 @@ def test_each_user_of_a_per_user_run_reports_its_own_peak_and_no_negative_part(t
     golds = json.loads((REPO / "recipes" / "data" / "lamp2" / "dev_outputs.json").read_text())["golds"]
     two = [q for q in dev if q["user_id"] in ("user_00", "user_01")]
     (tmp_path / "q.json").write_text(json.dumps(two))
-    (tmp_path / "o.json").write_text(json.dumps({"task": "LaMP_2", "golds": [g for g in golds if g["id"] in
-                                                                             {q["id"] for q in two}]}))
+    (tmp_path / "o.json").write_text(
+        json.dumps({"task": "LaMP_2", "golds": [g for g in golds if g["id"] in {q["id"] for q in two}]})
+    )
     blob = torch.ones(128 * 2**20)
     high_water = memory.peak_rss_mb()
     del blob
-    run_train(tmp_path / "run", "data.user=all", f"data.eval={tmp_path / 'q.json'}",
-              f"data.eval_labels={tmp_path / 'o.json'}", "train.max_steps=2")
-    users = [json.loads((tmp_path / "run" / "users" / u / "summary.json").read_text())["memory"]
-             for u in ("user_00", "user_01")]
+    run_train(
+        tmp_path / "run",
+        "data.user=all",
+        f"data.eval={tmp_path / 'q.json'}",
+        f"data.eval_labels={tmp_path / 'o.json'}",
+        "train.max_steps=2",
+    )
+    users = [
+        json.loads((tmp_path / "run" / "users" / u / "summary.json").read_text())["memory"]
+        for u in ("user_00", "user_01")
+    ]
     for parts in users:
         assert parts["peak_rss_mb"] < high_water - 256, parts
         assert all(value >= 0 for value in parts.values()), parts
-    assert users[1]["lora_optimizer_mb"] == users[0]["lora_optimizer_mb"]  # the first user's tensors were freed
+    # the first user's tensors were freed
+    assert users[1]["lora_optimizer_mb"] == users[0]["lora_optimizer_mb"]

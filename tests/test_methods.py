@@ -4,9 +4,9 @@ import shutil
 
 import pytest
 import torch
+from helpers import adapter_tensors, assert_same_tensors, run_train
 from torch import nn
 
-from helpers import adapter_tensors, assert_same_tensors, run_train
 from lcsb_cli.methods import Mezo
 
 
@@ -29,8 +29,14 @@ def test_freeze_moves_only_the_top_layers(tmp_path):
 
 def test_lisa_moves_only_the_drawn_layers(tmp_path):
     start = initial_adapter(tmp_path)
-    run_train(tmp_path / "lisa", "method=lisa", "lisa.layers=1", "lisa.interval=10", "train.max_steps=3",
-              "train.warmup_steps=0")
+    run_train(
+        tmp_path / "lisa",
+        "method=lisa",
+        "lisa.layers=1",
+        "lisa.interval=10",
+        "train.max_steps=3",
+        "train.warmup_steps=0",
+    )
     assert len(moved_layers(start, adapter_tensors(tmp_path / "lisa"))) == 1
 
 
@@ -60,18 +66,24 @@ def test_mezo_update_is_the_spsa_formula():
     def loss(weights):
         return float(sum(((w - t) ** 2).sum() for w, t in zip(weights, target)))
 
-    projected = (loss([t + eps * zi for t, zi in zip(theta, z)]) - loss([t - eps * zi for t, zi in zip(theta, z)])) / (2 * eps)
+    projected = (loss([t + eps * zi for t, zi in zip(theta, z)]) - loss([t - eps * zi for t, zi in zip(theta, z)])) / (
+        2 * eps
+    )
     method.zeroth_order_step(loss_at, lr)
     for p, t, zi in zip(params, theta, z):
         torch.testing.assert_close(p.detach(), t - lr * projected * zi, rtol=1e-9, atol=1e-9)
 
 
-@pytest.mark.parametrize("variant", [
-    ("method=lisa", "lisa.layers=2", "lisa.interval=2"),
-    ("lcsb.schedule=adaptive",),
-    ("method=mezo", "mezo.lr=1e-3"),
-    ("train.optimizer=adamw8bit", "lora.rank=64"),  # rank 64: tensors of 4096 values get 8-bit moments
-])
+@pytest.mark.parametrize(
+    "variant",
+    [
+        ("method=lisa", "lisa.layers=2", "lisa.interval=2"),
+        ("lcsb.schedule=adaptive",),
+        ("method=mezo", "mezo.lr=1e-3"),
+        # rank 64: tensors of 4096 values get 8-bit moments
+        ("train.optimizer=adamw8bit", "lora.rank=64"),
+    ],
+)
 def test_stateful_methods_resume_exactly(tmp_path, variant):
     common = ("train.max_steps=7", "train.save_every=3", "lora.dropout=0.1", *variant)
     run_train(tmp_path / "whole", *common)

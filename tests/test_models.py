@@ -53,7 +53,8 @@ def test_identity_path_grads_only_the_active_block_and_top_block_is_exact():
         for name, grad in grads.items():
             if layer_of(name) in blocks[block]:
                 assert grad is not None and grad.abs().sum() > 0, name
-                if block == 3:  # nothing above the top block: the surrogate is the true gradient
+                # nothing above the top block: the surrogate is the true gradient
+                if block == 3:
                     torch.testing.assert_close(grad, reference[name], rtol=1e-4, atol=1e-6)
             else:
                 assert grad is None, name
@@ -106,8 +107,15 @@ def save_checkpoint_dir(path, model_type: str):
     from lcsb_cli.model.load import TOKENIZER_DIR
 
     config = AutoConfig.for_model(
-        model_type, hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=16, vocab_size=2048, max_position_embeddings=512,
+        model_type,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        vocab_size=2048,
+        max_position_embeddings=512,
     )
     torch.manual_seed(0)
     AutoModelForCausalLM.from_config(config).save_pretrained(path)

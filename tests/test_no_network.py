@@ -7,7 +7,6 @@ import subprocess
 import sys
 
 import pytest
-
 from helpers import LAMP2, REPO
 
 NO_SOCKETS_TRAIN = """
@@ -36,10 +35,19 @@ print("HUB-KERNELS", _kernels_enabled())
 
 @pytest.mark.slow
 def test_a_4bit_run_with_the_hub_online_never_touches_the_network(tmp_path):
-    env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE",
-                                                             "HF_DATASETS_OFFLINE", "USE_HUB_KERNELS")}
-    proc = subprocess.run([sys.executable, "-c", NO_SOCKETS_TRAIN, str(LAMP2), str(tmp_path / "run")], env=env,
-                          cwd=REPO, capture_output=True, text=True, timeout=300)
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE", "USE_HUB_KERNELS")
+    }
+    proc = subprocess.run(
+        [sys.executable, "-c", NO_SOCKETS_TRAIN, str(LAMP2), str(tmp_path / "run")],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr
     assert "NETWORK" not in proc.stderr
     assert (tmp_path / "run" / "adapter" / "adapter_model.safetensors").is_file()

@@ -9,15 +9,17 @@ from safetensors.torch import load_file
 
 pytest.importorskip("onnxruntime_qnn", reason="the npu extra: pip install -e '.[npu]'")
 
-from lcsb_cli.backends import qdq  # noqa: E402
-from lcsb_cli.backends.npu_htp import session as htp_session  # noqa: E402
-from lcsb_cli.backends.npu_htp.executor import HtpExecutor, ModeCalibration  # noqa: E402
-from lcsb_cli.backends.npu_htp.graphs import product_graph  # noqa: E402
-from lcsb_cli.backends.npu_sim.executor import NpuExecutor, dequantize  # noqa: E402
+from lcsb_cli.backends import qdq
+from lcsb_cli.backends.npu_htp import session as htp_session
+from lcsb_cli.backends.npu_htp.executor import HtpExecutor, ModeCalibration
+from lcsb_cli.backends.npu_htp.graphs import product_graph
+from lcsb_cli.backends.npu_sim.executor import NpuExecutor, dequantize
 
 LAMP_TINY = REPO / "recipes" / "lamp2.yaml"
-SHORT = ("data.max_length=80", "train.batch_size=1")  # the emulator runs ~0.1-1 GFLOP/s: keep products small
-RELATIVE_TO_FP32 = {"w8a16": 1e-2, "fp16": 1e-2, "w8a8": 0.1}  # int8 weights (~0.7 %) plus the activations' rounding
+# the emulator runs ~0.1-1 GFLOP/s: keep products small
+SHORT = ("data.max_length=80", "train.batch_size=1")
+# int8 weights (~0.7 %) plus the activations' rounding
+RELATIVE_TO_FP32 = {"w8a16": 1e-2, "fp16": 1e-2, "w8a8": 0.1}
 
 
 def _lamp_tiny_weights(*names):
@@ -50,7 +52,8 @@ def test_htp_products_equal_npu_sim_within_one_step_and_fp32_within_the_stated_e
             on_htp.precision = on_sim.precision = precision
             product = htp.input_grad if contract_rows else htp.forward
             out = product(rows, on_htp)
-            assert torch.equal(out, product(rows, on_htp))  # deterministic
+            # deterministic
+            assert torch.equal(out, product(rows, on_htp))
             expected = (sim.input_grad if contract_rows else sim.forward)(rows, on_sim)
             assert _rel(out, exact) < RELATIVE_TO_FP32[precision], (name, precision)
             if precision == "fp16":
@@ -64,17 +67,25 @@ def test_htp_products_equal_npu_sim_within_one_step_and_fp32_within_the_stated_e
 
 def test_per_channel_scales_in_the_transposed_graph_are_the_trap_folding_avoids():
     """HTP accepts a per-output-channel DequantizeLinear read transposed (the scales then sit on the summed dimension)
-    and returns garbage without a message; folding the scales into the gradient and reading unit-scale codes is right."""
+    and returns garbage without a message; folding the scales into the gradient and reading unit-scale codes is
+    right."""
     executor = HtpExecutor(75, 57, overlap=False)
-    weight = _lamp_tiny_weights("mlp.up_proj")["mlp.up_proj"]  # [768, 256]
-    weight[7] *= 30  # an outlier channel, as real LLM weights have: the channel scales differ widely
+    # [768, 256]
+    weight = _lamp_tiny_weights("mlp.up_proj")["mlp.up_proj"]
+    # an outlier channel, as real LLM weights have: the channel scales differ widely
+    weight[7] *= 30
     resident = executor.load("down", weight)
     grad = torch.randn(64, weight.shape[0], generator=torch.Generator().manual_seed(1))
     exact = grad @ dequantize(resident, slice(None), torch.float32)
     scaled, exponents = qdq.npu_rows(grad, torch.ones_like(resident.scales), contract_rows=True)
-    naive = product_graph(resident.codes.numpy(), 64, "w8a16", True,
-                          float((resident.codes.float() * resident.scales.float()).abs().sum(0).max()),
-                          weight_scales=resident.scales.float().flatten().numpy())
+    naive = product_graph(
+        resident.codes.numpy(),
+        64,
+        "w8a16",
+        True,
+        float((resident.codes.float() * resident.scales.float()).abs().sum(0).max()),
+        weight_scales=resident.scales.float().flatten().numpy(),
+    )
     out = htp_session.HtpGraph("naive", naive, htp_session.provider_options(75, 57)).run(scaled.numpy())
     assert _rel(torch.ldexp(torch.from_numpy(out), exponents), exact) > 0.3
     assert _rel(executor.input_grad(grad, resident), exact) < 1e-3
@@ -96,17 +107,23 @@ def test_a_failed_run_is_retried_once_then_the_layer_falls_back_to_the_cpu_lane(
         return real_run(*args)
 
     monkeypatch.setattr(graph.session, "run", fails_once)
-    assert torch.equal(executor.forward(rows, resident), clean)  # rebuilt from the cache and retried
+    # rebuilt from the cache and retried
+    assert torch.equal(executor.forward(rows, resident), clean)
     assert executor.take_fallbacks() == [] and resident.precision == "w8a16"
-    monkeypatch.setattr(htp_session.HtpGraph, "_run_block", lambda self, block: (_ for _ in ()).throw(
-        htp_session.HtpError(f"{self.name}: injected")))
+    monkeypatch.setattr(
+        htp_session.HtpGraph,
+        "_run_block",
+        lambda self, block: (_ for _ in ()).throw(htp_session.HtpError(f"{self.name}: injected")),
+    )
     out = executor.forward(rows, resident)
     assert torch.allclose(out, rows @ dequantize(resident, slice(None), torch.float32).T, atol=1e-6)
     assert executor.take_fallbacks() == ["0.mlp.up_proj"] and resident.precision == "fp32"
-    resident.precision, executor.calibration = "w8a16", ModeCalibration()  # calibration tries three graphs a gradient
+    # calibration tries three graphs a gradient
+    resident.precision, executor.calibration = "w8a16", ModeCalibration()
     grad = torch.randn(10, 64)
     assert torch.allclose(executor.input_grad(grad, resident), grad @ dequantize(resident, slice(None), torch.float32))
-    assert executor.take_fallbacks() == ["0.mlp.up_proj"]  # reported once
+    # reported once
+    assert executor.take_fallbacks() == ["0.mlp.up_proj"]
 
 
 @pytest.mark.slow
@@ -130,31 +147,44 @@ def test_training_on_npu_htp_tracks_cpu_and_a_failing_layer_falls_back_with_an_e
     assert "1.self_attn.o_proj" in choice["fp32_layers"] and choice["precisions"]["w8a16"] > 0
     assert set(choice["max_relative_error"]) == {"w8a8", "w8a16", "fp16"}
     calibrated = [name for names in choice["calibrated"].values() for name in names]
-    assert len(calibrated) == 4 * 4 - 1  # o, gate, up, down of each one-layer block, less the fallen o_proj
+    # o, gate, up, down of each one-layer block, less the fallen o_proj
+    assert len(calibrated) == 4 * 4 - 1
     assert choice["max_relative_error"]["w8a16"] < choice["max_relative_error"]["w8a8"]
 
 
 @pytest.mark.slow
 def test_lamp_tiny_on_npu_htp_tracks_cpu_within_2_percent_over_6_steps(tmp_path):
     for backend in ("cpu", "npu-htp"):
-        run_train(tmp_path / backend, "train.max_steps=6", f"backend={backend}", "data.user=null",
-                  "overnight.report=false", *SHORT,
-                  recipe=LAMP_TINY)
+        run_train(
+            tmp_path / backend,
+            "train.max_steps=6",
+            f"backend={backend}",
+            "data.user=null",
+            "overnight.report=false",
+            *SHORT,
+            recipe=LAMP_TINY,
+        )
     cpu, htp = ([r["loss"] for r in _rows(tmp_path / b) if "loss" in r] for b in ("cpu", "npu-htp"))
     assert len(htp) == 6 and all(abs(h - c) / c < 0.02 for h, c in zip(htp, cpu))
 
 
 @pytest.mark.slow
 def test_npu_htp_resume_is_bit_identical_and_the_second_run_loads_compiled_graphs(tmp_path, monkeypatch):
-    same = ("train.save_every=2", "backend=npu-htp", "train.lr_scheduler=constant", "npu_sim.calibration_steps=2",
-            *SHORT)
+    same = (
+        "train.save_every=2",
+        "backend=npu-htp",
+        "train.lr_scheduler=constant",
+        "npu_sim.calibration_steps=2",
+        *SHORT,
+    )
     run_train(tmp_path / "whole", "train.max_steps=4", *same)
     run_train(tmp_path / "split", "train.max_steps=2", *same)
     compiled = []
     real_compile = htp_session.HtpGraph._compile
     monkeypatch.setattr(htp_session.HtpGraph, "_compile", lambda self: compiled.append(self.name) or real_compile(self))
     run_train(tmp_path / "split", "train.max_steps=4", *same, resume=True)
-    assert compiled == []  # every graph came from $LCSB_CACHE
+    # every graph came from $LCSB_CACHE
+    assert compiled == []
     assert_same_tensors(adapter_tensors(tmp_path / "whole"), adapter_tensors(tmp_path / "split"))
     whole, split = _rows(tmp_path / "whole"), _rows(tmp_path / "split")
     assert [r.get("loss") for r in whole if "loss" in r] == [r.get("loss") for r in split if "loss" in r]
@@ -164,7 +194,9 @@ def test_npu_htp_without_the_extra_is_one_line_naming_the_install(monkeypatch):
     import importlib.util
 
     real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "onnxruntime_qnn" else real(name, *a))
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "onnxruntime_qnn" else real(name, *a)
+    )
     proc = cli("validate", str(LAMP2), "backend=npu-htp")
     assert assert_one_line_error(proc).endswith("pip install -e '.[npu]'")
     proc = cli("validate", str(LAMP2), "backend=npu-htp", "npu_sim.weights=int4")

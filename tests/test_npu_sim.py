@@ -10,10 +10,11 @@ from helpers import adapter_tensors, assert_same_tensors, run_train
 from lcsb_cli.backends.npu_sim import NpuSimBackend
 from lcsb_cli.backends.npu_sim.device import DeviceModel, load_profile
 from lcsb_cli.backends.npu_sim.executor import Calibration, NpuExecutor, dequantize, from_fp16, to_fp16
-from lcsb_cli.recipe import NpuSimConfig
+from lcsb_cli.recipe_schema import NpuSimConfig
 
 FORMATS = ("fp16", "int8", "int4")
-TOLERANCE = {"fp16": 2e-3, "int8": 2e-2, "int4": 0.2}  # relative error of the product against the fp32 weights
+# relative error of the product against the fp32 weights
+TOLERANCE = {"fp16": 2e-3, "int8": 2e-2, "int4": 0.2}
 
 
 def _weight(out_features=96, in_features=64, seed=0):
@@ -31,8 +32,10 @@ def test_input_gradient_matches_fp32_reference(fmt):
     res = npu.load("w", weight)
     grad = torch.randn(5, 7, 96) * 1e-3
     effective = dequantize(res, slice(None), torch.float32)
-    assert _rel(npu.input_grad(grad, res), grad @ effective) < 2e-3  # FP16 rounding of the same weights
-    assert _rel(npu.input_grad(grad, res), grad @ weight) < TOLERANCE[fmt]  # plus the quantization error
+    # FP16 rounding of the same weights
+    assert _rel(npu.input_grad(grad, res), grad @ effective) < 2e-3
+    # plus the quantization error
+    assert _rel(npu.input_grad(grad, res), grad @ weight) < TOLERANCE[fmt]
     x = torch.randn(5, 7, 64)
     assert _rel(npu.forward(x, res), x @ weight.T) < TOLERANCE[fmt]
 
@@ -41,7 +44,8 @@ def test_input_gradient_matches_fp32_reference(fmt):
 def test_forward_and_input_gradient_read_identical_weights(fmt):
     """Products with identity inputs expose the effective weights each kernel used: they are bit-identical."""
     npu = NpuExecutor(fmt, overlap=False)
-    res = npu.load("w", _weight(300, 64))  # more rows than one tile
+    # more rows than one tile
+    res = npu.load("w", _weight(300, 64))
     seen_by_forward = npu.forward(torch.eye(64), res).T
     seen_by_input_grad = npu.input_grad(torch.eye(300), res)
     assert torch.equal(seen_by_forward, seen_by_input_grad)
@@ -51,7 +55,8 @@ def test_forward_and_input_gradient_read_identical_weights(fmt):
 def test_resident_bytes_are_the_quantized_weights_only(fmt, bytes_per_weight):
     npu = NpuExecutor(fmt, overlap=False)
     res = npu.load("w", _weight(96, 64))
-    scales = {"fp16": 0, "int8": 96 * 2, "int4": 96 * 2 * 2}[fmt]  # fp16 scales: per row, per group of 32
+    # fp16 scales: per row, per group of 32
+    scales = {"fp16": 0, "int8": 96 * 2, "int4": 96 * 2 * 2}[fmt]
     assert npu.resident_bytes() == 96 * 64 * bytes_per_weight + scales
     assert res.codes.dtype != torch.float32
 
@@ -62,9 +67,12 @@ def test_row_protection_keeps_rows_plain_fp16_loses():
     plain = from_fp16(*to_fp16(rows, protect=False))
     for i in range(3):
         assert _rel(protected[i], rows[i]) < 1e-3
-    assert torch.equal(protected[1], plain[1].float())  # a row already in range is unchanged, bit for bit
-    assert torch.count_nonzero(plain[0]) == 0  # flushed to zero
-    assert not torch.isfinite(plain[2]).all()  # overflowed
+    # a row already in range is unchanged, bit for bit
+    assert torch.equal(protected[1], plain[1].float())
+    # flushed to zero
+    assert torch.count_nonzero(plain[0]) == 0
+    # overflowed
+    assert not torch.isfinite(plain[2]).all()
 
 
 def test_tiny_gradients_survive_the_npu_product_only_with_protection():
@@ -91,8 +99,10 @@ def test_calibration_moves_layers_whose_fp16_gradient_is_off_to_fp32():
 
 
 def _hot_profile(tmp_path):
-    profile = load_profile("snapdragon-8gen3").__dict__ | {"skin_heat_capacity_j_per_c": 0.5,
-                                                           "soc_heat_capacity_j_per_c": 0.01}
+    profile = load_profile("snapdragon-8gen3").__dict__ | {
+        "skin_heat_capacity_j_per_c": 0.5,
+        "soc_heat_capacity_j_per_c": 0.01,
+    }
     path = tmp_path / "hot.yaml"
     path.write_text("\n".join(f"{k}: {v}" for k, v in profile.items() if k != "name"))
     return load_profile(str(path))
@@ -100,15 +110,19 @@ def _hot_profile(tmp_path):
 
 def test_thermal_model_throttles_a_long_hot_run_and_recovers_when_cooled(tmp_path):
     device = DeviceModel(_hot_profile(tmp_path))
-    work = (1e12, 1e6, 1e6)  # flops, weight bytes, activation bytes of one product
+    # flops, weight bytes, activation bytes of one product
+    work = (1e12, 1e6, 1e6)
     cool_time = device.npu_seconds(*work)
     events = []
     for _ in range(200):
         device.begin_step()
         device.product(*work, adapter_flops=1e10)
         events += device.end_step()[1]
-    assert events == ["npu_clock_throttled"] and device.temp_c >= device.profile.throttle_c - device.profile.hysteresis_c
-    assert device.npu_seconds(*work) > 1.9 * cool_time - device.profile.npu_launch_us * 1e-6  # clock halved
+    assert (
+        events == ["npu_clock_throttled"] and device.temp_c >= device.profile.throttle_c - device.profile.hysteresis_c
+    )
+    # clock halved
+    assert device.npu_seconds(*work) > 1.9 * cool_time - device.profile.npu_launch_us * 1e-6
     assert device.throttled_s > 0
     assert device.advance(60.0, device.profile.idle_power_w) == ["npu_clock_restored"]
     assert device.npu_seconds(*work) == cool_time
@@ -134,10 +148,12 @@ def _heat_balance_holds(profile, before, after, energy_j, seconds):
     """Energy balance of the two nodes, (soc, skin) temperatures before and after: the heat they stored equals E
     minus what the skin lost to ambient meanwhile, which lies between its leak rates at the interval's two ends
     times its length (the skin's temperature moves one way within it)."""
-    leak = sorted((skin - profile.ambient_c) / profile.skin_to_ambient_c_per_w * seconds
-                  for skin in (before[1], after[1]))
-    stored = (profile.soc_heat_capacity_j_per_c * (after[0] - before[0])
-              + profile.skin_heat_capacity_j_per_c * (after[1] - before[1]))
+    leak = sorted(
+        (skin - profile.ambient_c) / profile.skin_to_ambient_c_per_w * seconds for skin in (before[1], after[1])
+    )
+    stored = profile.soc_heat_capacity_j_per_c * (after[0] - before[0]) + profile.skin_heat_capacity_j_per_c * (
+        after[1] - before[1]
+    )
     return energy_j - leak[1] - 1e-9 <= stored <= energy_j - leak[0] + 1e-9
 
 
@@ -146,7 +162,8 @@ def test_each_steps_energy_heats_the_phone_by_its_heat_capacity_and_idling_cools
     steps = [r for r in _rows(tmp_path / "npu") if "loss" in r]
     profile = load_profile("snapdragon-8gen3")
     temps = [(profile.ambient_c, profile.ambient_c)] + [(r["sim_soc_temp_c"], r["sim_temp_c"]) for r in steps]
-    assert all(after[1] > before[1] for before, after in pairwise(temps))  # energy spent, far below steady state
+    # energy spent, far below steady state
+    assert all(after[1] > before[1] for before, after in pairwise(temps))
     for before, after, row in zip(temps, temps[1:], steps):
         assert _heat_balance_holds(profile, before, after, row["sim_energy_j"], row["sim_step_time_s"])
     backend = NpuSimBackend(NpuSimConfig())
@@ -155,10 +172,12 @@ def test_each_steps_energy_heats_the_phone_by_its_heat_capacity_and_idling_cools
     assert backend.idle(60.0) and backend.temperature() < 40.0
     thermal = backend.device_model.thermal
     assert _heat_balance_holds(profile, (40.0, 40.0), (thermal.soc_c, thermal.skin_c), profile.idle_power_w * 60, 60)
-    for _ in range(5):  # idle 5 h (over 30 skin time constants): down to where the idle floor balances the leak
+    # idle 5 h (over 30 skin time constants): down to where the idle floor balances the leak
+    for _ in range(5):
         backend.idle(3600.0)
-    assert backend.temperature() == pytest.approx(profile.ambient_c + profile.idle_power_w *
-                                                   profile.skin_to_ambient_c_per_w, abs=0.01)
+    assert backend.temperature() == pytest.approx(
+        profile.ambient_c + profile.idle_power_w * profile.skin_to_ambient_c_per_w, abs=0.01
+    )
     assert not backend.idle(60.0)
     backend.executor.close()
 
@@ -170,11 +189,18 @@ def test_no_fp32_weight_copy_and_resident_bytes_fixed_while_training(tmp_path):
     from lcsb_cli.run.engine import build_trainer
 
     trainer, loaded, _ = build_trainer(load_recipe(LAMP2, ["backend=npu-sim", "train.max_steps=2"]))
-    base = [m.weight for m in loaded.model.modules() if isinstance(m, torch.nn.Linear) and not m.weight.requires_grad
-            and m is not loaded.model.get_output_embeddings()]
-    assert base and all(w.is_meta for w in base)  # the CPU side keeps no copy of any frozen layer weight
+    base = [
+        m.weight
+        for m in loaded.model.modules()
+        if isinstance(m, torch.nn.Linear)
+        and not m.weight.requires_grad
+        and m is not loaded.model.get_output_embeddings()
+    ]
+    # the CPU side keeps no copy of any frozen layer weight
+    assert base and all(w.is_meta for w in base)
     npu = trainer.backend.executor
-    expected = sum(r.shape[0] * r.shape[1] + 2 * r.shape[0] for r in npu.residents)  # int8 codes + fp16 scales
+    # int8 codes + fp16 scales
+    expected = sum(r.shape[0] * r.shape[1] + 2 * r.shape[0] for r in npu.residents)
     before = npu.resident_bytes()
     assert before == expected
     for step in range(2):
@@ -196,27 +222,37 @@ def test_overlapped_npu_equals_serial_execution(tmp_path):
     assert [r.get("loss") for r in overlap] == [r.get("loss") for r in serial]
     idle_w = load_profile("snapdragon-8gen3").idle_power_w
     for o, s in ((o, s) for o, s in zip(overlap, serial) if "loss" in o):
-        npu = s["npu_util"] * s["sim_step_time_s"]  # the NPU lane's busy time: the same products in both runs
-        cpu = s["sim_step_time_s"] - npu  # serial: the lanes take turns, so the CPU lane has the rest
+        # the NPU lane's busy time: the same products in both runs
+        npu = s["npu_util"] * s["sim_step_time_s"]
+        # serial: the lanes take turns, so the CPU lane has the rest
+        cpu = s["sim_step_time_s"] - npu
         assert o["npu_util"] * o["sim_step_time_s"] == pytest.approx(npu, rel=1e-9)
-        assert max(npu, cpu) <= o["sim_step_time_s"] < s["sim_step_time_s"]  # no lane finishes faster than its work
+        # no lane finishes faster than its work
+        assert max(npu, cpu) <= o["sim_step_time_s"] < s["sim_step_time_s"]
         # the same busy work on each unit: overlap saves only the idle floor's energy over the time it saves
         saved_j = idle_w * (s["sim_step_time_s"] - o["sim_step_time_s"])
         assert s["sim_energy_j"] - o["sim_energy_j"] == pytest.approx(saved_j, rel=1e-6)
 
 
 def test_precision_threshold_zero_moves_every_layer_to_fp32(tmp_path):
-    run_train(tmp_path / "run", "train.max_steps=5", "backend=npu-sim", "npu_sim.fp32_threshold=0",
-              "npu_sim.calibration_steps=4")
+    run_train(
+        tmp_path / "run",
+        "train.max_steps=5",
+        "backend=npu-sim",
+        "npu_sim.fp32_threshold=0",
+        "npu_sim.calibration_steps=4",
+    )
     (choice,) = [r for r in _rows(tmp_path / "run") if r.get("event") == "precision"]
     # one cycle of K=4 one-layer blocks: each active layer's input gradients pass o, gate, up and down; q, k and v
     # need none (the layer's input comes from the no-grad layers below)
     assert choice["step"] == 4 and len(choice["fp32_layers"]) == 4 * 4
-    assert choice["calibrated"] == {"fp32": choice["fp32_layers"]}  # the calibrated layers, by what they need
+    # the calibrated layers, by what they need
+    assert choice["calibrated"] == {"fp32": choice["fp32_layers"]}
 
 
 def test_npu_sim_resume_is_exact_including_the_device_state(tmp_path):
-    same = ("train.save_every=2", "backend=npu-sim", "train.lr_scheduler=constant")  # no schedule tied to max_steps
+    # no schedule tied to max_steps
+    same = ("train.save_every=2", "backend=npu-sim", "train.lr_scheduler=constant")
     run_train(tmp_path / "whole", "train.max_steps=4", *same)
     run_train(tmp_path / "split", "train.max_steps=2", *same)
     run_train(tmp_path / "split", "train.max_steps=4", *same, resume=True)

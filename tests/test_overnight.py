@@ -14,7 +14,8 @@ from helpers import Quiet, adapter_tensors, assert_same_tensors
 
 from lcsb_cli.backends import CpuBackend, base
 from lcsb_cli.errors import BadInput
-from lcsb_cli.recipe import OvernightConfig, load_recipe
+from lcsb_cli.recipe import load_recipe
+from lcsb_cli.recipe_schema import OvernightConfig
 from lcsb_cli.run.engine import train
 from lcsb_cli.run.job import Job
 from lcsb_cli.window import parse_window
@@ -93,7 +94,8 @@ def test_a_hot_cpu_pauses_until_it_cools(tmp_path, monkeypatch):
     naps = []
     job = Job(OvernightConfig(max_temp_c=42), tmp_path, sleep=naps.append)
     poll = CpuBackend.idle_poll_s
-    assert job.cool_down(CpuBackend()) == {"temp_c": 50.0, "paused_s": 3 * poll}  # to 2 C under
+    # to 2 C under
+    assert job.cool_down(CpuBackend()) == {"temp_c": 50.0, "paused_s": 3 * poll}
     assert job.state["throttled_s"] == 3 * poll and naps == [poll] * 3
 
 
@@ -115,7 +117,8 @@ def test_sigterm_finishes_the_step_checkpoints_and_resume_is_bit_identical(tmp_p
     stopped = train(recipe, tmp_path / "split", SignalAt(3))
     assert stopped["stopped"] == "SIGTERM" and stopped["steps"] == 3
     assert (tmp_path / "split" / "checkpoints" / "step-3").is_dir()
-    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # handlers restored after the run
+    # handlers restored after the run
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
     resumed = train(recipe, tmp_path / "split", Quiet(), resume=True)
     assert resumed["steps"] == 8 and "stopped" not in resumed
     assert_same_tensors(adapter_tensors(tmp_path / "whole"), adapter_tensors(tmp_path / "split"))
@@ -129,32 +132,46 @@ def test_a_forced_hot_phone_pauses_training_and_it_still_finishes(tmp_path):
     profile = load_recipe(OVERNIGHT).npu_sim.device
     from lcsb_cli.backends.npu_sim.device import load_profile
 
-    hot = load_profile(profile).__dict__ | {"skin_heat_capacity_j_per_c": 0.02, "soc_heat_capacity_j_per_c": 0.001,
-                                         "cpu_power_w": 40.0}
+    hot = load_profile(profile).__dict__ | {
+        "skin_heat_capacity_j_per_c": 0.02,
+        "soc_heat_capacity_j_per_c": 0.001,
+        "cpu_power_w": 40.0,
+    }
     (tmp_path / "hot.yaml").write_text("\n".join(f"{k}: {v}" for k, v in hot.items() if k != "name"))
-    recipe = load_recipe(OVERNIGHT, [*TINY, "train.max_steps=8", f"npu_sim.device={tmp_path / 'hot.yaml'}",
-                                     "overnight.report=true"])
+    recipe = load_recipe(
+        OVERNIGHT, [*TINY, "train.max_steps=8", f"npu_sim.device={tmp_path / 'hot.yaml'}", "overnight.report=true"]
+    )
     summary = train(recipe, tmp_path / "run", Quiet())
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     pauses = [r for r in rows if r.get("event") == "throttled"]
     assert summary["steps"] == 8 and pauses and all(r["paused_s"] > 0 for r in pauses)
     assert json.loads((tmp_path / "run" / "job.json").read_text())["throttled_s"] == sum(r["paused_s"] for r in pauses)
     assert recipe.overnight.max_temp_c == 42 == hot["throttle_c"] and len(pauses) >= 2
-    assert [r for r in rows if "loss" in r][-1]["step"] == 8  # event rows (a throttle) may follow the last step
+    # event rows (a throttle) may follow the last step
+    assert [r for r in rows if "loss" in r][-1]["step"] == 8
     clock = [r for r in rows if r.get("event", "").startswith("npu_clock")]
-    assert [r["event"] for r in clock[:2]] == ["npu_clock_throttled", "npu_clock_restored"]  # restored in a pause
+    # restored in a pause
+    assert [r["event"] for r in clock[:2]] == ["npu_clock_throttled", "npu_clock_restored"]
     assert clock[1]["sim_temp_c"] <= 42 - hot["hysteresis_c"]
     counts = {e: sum(r["event"] == e for r in clock) for e in ("npu_clock_throttled", "npu_clock_restored")}
     assert all(summary["events"][e] == n for e, n in counts.items())
     report = (tmp_path / "run" / "report.md").read_text()
-    assert (f"heat: {len(pauses)} cool-down pauses; NPU clock throttled {counts['npu_clock_throttled']} times, "
-            f"restored {counts['npu_clock_restored']}") in report
+    assert (
+        f"heat: {len(pauses)} cool-down pauses; NPU clock throttled {counts['npu_clock_throttled']} times, "
+        f"restored {counts['npu_clock_restored']}"
+    ) in report
 
 
 def _lcsb(*args):
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    return subprocess.Popen([sys.executable, "-m", "lcsb_cli", *args], cwd=REPO, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "lcsb_cli", *args],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def _signalled(sig, after_steps: int, run, *args):
@@ -180,15 +197,17 @@ def test_cli_sigterm_exits_0_and_resume_finishes_with_a_morning_report(tmp_path)
     proc, err, stopped_at = _signalled(signal.SIGTERM, 4, run, str(OVERNIGHT), "train.max_steps=12")
     assert proc.returncode == 0, err
     assert 4 <= stopped_at < 12 and (run / "checkpoints" / f"step-{stopped_at}").is_dir()
-    assert json.loads((run / "report.json").read_text())["eval_after"] is None  # a signal means: exit now
+    # a signal means: exit now
+    assert json.loads((run / "report.json").read_text())["eval_after"] is None
     proc = _lcsb("train", str(OVERNIGHT), "train.max_steps=12", "--output", str(run), "--resume")
-    out, err = proc.communicate(timeout=300)
+    _out, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err
     report = json.loads((run / "report.json").read_text())
     assert report["steps"] == 12 and report["finished"] and report["resumes"] == 1
     assert [i["reason"] for i in report["interruptions"]] == ["SIGTERM"]
     assert {"accuracy", "macro_f1"} <= report["eval_before"].keys() and report["throttled_s"] == 0
-    assert report["eval_after"]["accuracy"] > report["eval_before"]["accuracy"]  # the night taught it the user
+    # the night taught it the user
+    assert report["eval_after"]["accuracy"] > report["eval_before"]["accuracy"]
     assert report["adapter"] == str(run / "adapter") and report["lines_skipped"] == 0
     assert "before training" in (run / "report.md").read_text()
 
@@ -196,8 +215,9 @@ def test_cli_sigterm_exits_0_and_resume_finishes_with_a_morning_report(tmp_path)
 @pytest.mark.slow
 def test_cli_ctrl_c_checkpoints_and_exits_130(tmp_path):
     run = tmp_path / "run"
-    proc, err, stopped_at = _signalled(signal.SIGINT, 2, run, str(REPO / "tests" / "tiny.yaml"), "train.max_steps=400",
-                                       "train.save_every=0")
+    proc, err, stopped_at = _signalled(
+        signal.SIGINT, 2, run, str(REPO / "tests" / "tiny.yaml"), "train.max_steps=400", "train.save_every=0"
+    )
     assert proc.returncode == 130, err
     assert 2 <= stopped_at < 400 and (run / "checkpoints" / f"step-{stopped_at}").is_dir()
     assert err.strip().splitlines()[-1] == f"interrupted: checkpointed at step {stopped_at}; continue with --resume"
@@ -219,8 +239,9 @@ def test_bad_jsonl_lines_stop_the_run_or_are_skipped_and_counted(tmp_path):
     with pytest.raises(BadInput, match="line 4: .*label"):
         train(strict, tmp_path / "strict", Quiet())
     assert not (tmp_path / "strict").exists()
-    lenient = load_recipe(OVERNIGHT, [*TINY, f"data.train={data}", "data.on_bad_line=skip", "train.max_steps=2",
-                                      "overnight.report=true"])
+    lenient = load_recipe(
+        OVERNIGHT, [*TINY, f"data.train={data}", "data.on_bad_line=skip", "train.max_steps=2", "overnight.report=true"]
+    )
     train(lenient, tmp_path / "lenient", Quiet())
     report = json.loads((tmp_path / "lenient" / "report.json").read_text())
     assert report["lines_skipped"] == 2 and [s["line"] for s in report["skipped"]] == [4, 8]

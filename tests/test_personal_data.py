@@ -58,6 +58,7 @@ def _ex(i: str, timestamp: float, label: str = "work", user: str | None = None) 
 
 # --- loading ------------------------------------------------------------------------------------------
 
+
 def test_valid_file_loads_with_inferred_sorted_labels(tmp_path):
     path = _write(tmp_path, [_row(1, "work", user="alex"), "", "   ", _row(2, "family"), _row(3, "finance")])
     data = load_personal(path)
@@ -74,8 +75,17 @@ def test_given_labels_define_set_and_order(tmp_path):
     assert data.labels == ("work", "travel", "family")
 
 
-@pytest.mark.parametrize("stamp", ["2026-11-16T08:12:00Z", "2026-11-16T08:12:00", "2026-11-16T09:12:00+01:00",
-                                   "2026-11-16T08:12:00+00:00", T0, int(T0)])
+@pytest.mark.parametrize(
+    "stamp",
+    [
+        "2026-11-16T08:12:00Z",
+        "2026-11-16T08:12:00",
+        "2026-11-16T09:12:00+01:00",
+        "2026-11-16T08:12:00+00:00",
+        T0,
+        int(T0),
+    ],
+)
 def test_timestamps_iso_and_epoch(tmp_path, stamp):
     data = load_personal(_write(tmp_path, [_row(1, timestamp=stamp), _row(2, "family")]))
     assert data.examples[0].timestamp == T0
@@ -115,6 +125,7 @@ def test_unknown_on_bad_line_refused(tmp_path):
 
 
 # --- bad lines ------------------------------------------------------------------------------------------
+
 
 def _without(row: dict, key: str) -> dict:
     return {k: v for k, v in row.items() if k != key}
@@ -161,6 +172,7 @@ def test_unknown_label_is_fine_without_given_labels(tmp_path):
 
 # --- time split ------------------------------------------------------------------------------------------
 
+
 def test_time_split_sizes_and_order():
     examples = [_ex(f"m{i:02d}", T0 + i) for i in reversed(range(10))]
     train, evals = time_split(examples, 0.25)
@@ -173,7 +185,8 @@ def test_time_split_sizes_and_order():
 
 def test_time_split_moves_boundary_ties_to_eval():
     examples = [_ex("a", T0), _ex("b", T0 + 1), _ex("c", T0 + 2), _ex("d", T0 + 2), _ex("e", T0 + 2), _ex("f", T0 + 3)]
-    train, evals = time_split(examples, 0.34)  # asks for 3 eval: d, e, f; c shares d's timestamp
+    # asks for 3 eval: d, e, f; c shares d's timestamp
+    train, evals = time_split(examples, 0.34)
     assert [e.id for e in train] == ["a", "b"]
     assert [e.id for e in evals] == ["c", "d", "e", "f"]
     assert max(e.timestamp for e in train) < min(e.timestamp for e in evals)
@@ -208,6 +221,7 @@ def test_filter_user():
 
 # --- prompt format ---------------------------------------------------------------------------------------
 
+
 def test_prompt_round_trips_through_lamp2_split_input():
     labels = ["work", "family", "shopping"]
     text = "message from nora the quarterly report is due friday"
@@ -229,6 +243,7 @@ def test_to_questions_and_encode_example(tokenizer):
 
 
 # --- shipped sample and its generator --------------------------------------------------------------------
+
 
 def test_generator_is_deterministic(tmp_path, generator):
     first = generator.write_sample(tmp_path / "a", seed=3).read_bytes()
@@ -253,4 +268,5 @@ def test_shipped_sample_loads_cleanly(tokenizer):
         ids = tokenizer(example.text)["input_ids"]
         assert tokenizer.unk_token_id not in ids and tokenizer.decode(ids) == example.text
     _, evals = time_split(data.examples, 0.2)
-    assert set(data.labels) == {e.label for e in evals}  # the newest items cover every category
+    # the newest items cover every category
+    assert set(data.labels) == {e.label for e in evals}

@@ -35,20 +35,33 @@ def bad(overrides=(), path=LAMP2) -> str:
 
 # --- loading -------------------------------------------------------------------------------------
 
+
 def test_lamp2_loads_typed_with_paths_absolute_relative_to_the_file(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)  # nowhere near the recipe: paths must not depend on the cwd
+    # nowhere near the recipe: paths must not depend on the cwd
+    monkeypatch.chdir(tmp_path)
     r = rc.load_recipe(LAMP2)
+
     # values the file sets away from the defaults: each one shows its section was read, not defaulted
     def values(recipe):
-        return (recipe.name, recipe.model.name, recipe.data.user, recipe.freeze.layers, recipe.lisa.interval,
-                recipe.train.warmup_steps, recipe.train.max_steps, recipe.train.lr)
+        return (
+            recipe.name,
+            recipe.model.name,
+            recipe.data.user,
+            recipe.freeze.layers,
+            recipe.lisa.interval,
+            recipe.train.warmup_steps,
+            recipe.train.max_steps,
+            recipe.train.lr,
+        )
 
     assert values(r) == ("lamp2-tiny", "lamp-tiny", "all", 2, 10, 3, 30, 1e-3)
     assert all(a != b for a, b in zip(values(r), values(rc.Recipe())))
     assert type(r.train.lr) is float and type(r.train.max_steps) is int
     alpha = rc.load_recipe(write_recipe(tmp_path / "alpha.yaml", {"  alpha:": "  alpha: 8"})).lora.alpha
-    assert type(alpha) is float and alpha == 8.0  # an integer written for a float field
-    data = (REPO / "recipes" / "data" / "lamp2").resolve()  # recipes/ links to the package data
+    # an integer written for a float field
+    assert type(alpha) is float and alpha == 8.0
+    # recipes/ links to the package data
+    data = (REPO / "recipes" / "data" / "lamp2").resolve()
     assert r.data.train == str(data / "train_questions.json") and Path(r.data.train).is_file()
     for p in (r.data.train, r.data.train_labels, r.data.eval, r.data.eval_labels):
         assert Path(p).is_absolute() and Path(p).is_file()
@@ -73,23 +86,35 @@ def test_output_dir_defaults_to_runs_name(tmp_path):
 
 # --- overrides -----------------------------------------------------------------------------------
 
+
 def test_dotted_overrides_apply_with_types():
-    r = rc.load_recipe(LAMP2, ["train.max_steps=20", "lcsb.blocks=2", "backend=npu-sim",
-                               "lora.targets=[q_proj,v_proj]", "train.lr=2e-4", "activation_checkpointing=true"])
+    r = rc.load_recipe(
+        LAMP2,
+        [
+            "train.max_steps=20",
+            "lcsb.blocks=2",
+            "backend=npu-sim",
+            "lora.targets=[q_proj,v_proj]",
+            "train.lr=2e-4",
+            "activation_checkpointing=true",
+        ],
+    )
     assert r.train.max_steps == 20 and type(r.train.max_steps) is int
     assert r.lcsb.blocks == 2 and r.backend == "npu-sim"
     assert r.lora.targets == ["q_proj", "v_proj"]
     assert type(r.train.lr) is float and r.train.lr == pytest.approx(2e-4)
     assert r.activation_checkpointing is True
     assert rc.load_recipe(LAMP2, ["lora.targets=q_proj,v_proj"]).lora.targets == ["q_proj", "v_proj"]
-    assert rc.load_recipe(LAMP2).train.max_steps == 30  # nothing leaks between loads
+    # nothing leaks between loads
+    assert rc.load_recipe(LAMP2).train.max_steps == 30
 
 
 def test_override_paths_resolve_against_the_cwd(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     r = rc.load_recipe(LAMP2, ["data.train=mine/q.json", "data.eval=2024"])
     assert r.data.train == str(tmp_path.resolve() / "mine" / "q.json")
-    assert r.data.eval == str(tmp_path.resolve() / "2024")  # a name YAML reads as a number is still a path
+    # a name YAML reads as a number is still a path
+    assert r.data.eval == str(tmp_path.resolve() / "2024")
     assert r.data.train_labels == str((REPO / "recipes" / "data" / "lamp2" / "train_outputs.json").resolve())
 
 
@@ -101,23 +126,27 @@ def test_override_can_clear_an_optional_path(tmp_path, monkeypatch, item):
 
 # --- bad input -----------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("overrides,needles", [
-    (["trian.max_steps=3"], ["trian", "did you mean train"]),
-    (["lcsb.blcks=2"], ["lcsb.blcks", "did you mean lcsb.blocks"]),
-    (["train.max_steps=abc"], ["train.max_steps", "integer", "abc"]),
-    (["train.max_steps=2.5"], ["train.max_steps", "integer"]),
-    (["lcsb.blocks=0"], ["lcsb.blocks", "minimum 1"]),
-    (["train.max_steps=-1"], ["train.max_steps", "minimum"]),
-    (["train.lr=0"], ["train.lr"]),
-    (["train.lr=nan"], ["train.lr", "finite"]),
-    (["lora.dropout=.inf"], ["lora.dropout", "finite"]),
-    (["method=foo"], ["method", "foo", "lcsb"]),
-    (["quantization=int3"], ["quantization", "int3", "nf4"]),
-    (["backend=tpu"], ["backend", "tpu", "cpu"]),
-    (["lora.targets=[]"], ["lora.targets"]),
-    (["train.max_steps"], ["train.max_steps", "KEY=VALUE"]),
-    (["=3"], ["KEY=VALUE"]),
-])
+
+@pytest.mark.parametrize(
+    "overrides,needles",
+    [
+        (["trian.max_steps=3"], ["trian", "did you mean train"]),
+        (["lcsb.blcks=2"], ["lcsb.blcks", "did you mean lcsb.blocks"]),
+        (["train.max_steps=abc"], ["train.max_steps", "integer", "abc"]),
+        (["train.max_steps=2.5"], ["train.max_steps", "integer"]),
+        (["lcsb.blocks=0"], ["lcsb.blocks", "minimum 1"]),
+        (["train.max_steps=-1"], ["train.max_steps", "minimum"]),
+        (["train.lr=0"], ["train.lr"]),
+        (["train.lr=nan"], ["train.lr", "finite"]),
+        (["lora.dropout=.inf"], ["lora.dropout", "finite"]),
+        (["method=foo"], ["method", "foo", "lcsb"]),
+        (["quantization=int3"], ["quantization", "int3", "nf4"]),
+        (["backend=tpu"], ["backend", "tpu", "cpu"]),
+        (["lora.targets=[]"], ["lora.targets"]),
+        (["train.max_steps"], ["train.max_steps", "KEY=VALUE"]),
+        (["=3"], ["KEY=VALUE"]),
+    ],
+)
 def test_bad_values_name_the_key(overrides, needles):
     message = bad(overrides)
     for needle in needles:
@@ -139,6 +168,7 @@ def test_bad_files(tmp_path):
 
 # --- CLI -----------------------------------------------------------------------------------------
 
+
 def test_cli_help_recipes_validate():
     result = cli("--help")
     assert result.returncode == 0 and all(v in result.stdout for v in ("train", "validate", "recipes"))
@@ -147,16 +177,21 @@ def test_cli_help_recipes_validate():
     result = cli("validate", "recipes/lamp2.yaml", "train.max_steps=7")
     assert result.returncode == 0, result.stderr
     assert "max_steps: 7" in result.stdout
-    resolved = yaml.safe_load(result.stdout)  # the output is the resolved recipe, as YAML
+    # the output is the resolved recipe, as YAML
+    resolved = yaml.safe_load(result.stdout)
     assert resolved["train"]["max_steps"] == 7 and resolved["output_dir"] == "runs/lamp2-tiny"
-    assert cli("validate", "lamp2").returncode == 0  # a shipped recipe by name
+    # a shipped recipe by name
+    assert cli("validate", "lamp2").returncode == 0
 
 
-@pytest.mark.parametrize("args,key", [
-    (["validate", "recipes/lamp2.yaml", "lcsb.blcks=2"], "lcsb.blcks"),
-    (["validate", "recipes/lamp2.yaml", "quantization=int3"], "quantization"),
-    (["validate", "recipes/missing.yaml"], "missing.yaml"),
-])
+@pytest.mark.parametrize(
+    "args,key",
+    [
+        (["validate", "recipes/lamp2.yaml", "lcsb.blcks=2"], "lcsb.blcks"),
+        (["validate", "recipes/lamp2.yaml", "quantization=int3"], "quantization"),
+        (["validate", "recipes/missing.yaml"], "missing.yaml"),
+    ],
+)
 def test_cli_bad_input_exits_2_with_one_line(args, key):
     assert key in assert_one_line_error(cli(*args))
 
@@ -175,8 +210,10 @@ def test_subprocess_validate_ok():
 def test_subprocess_bad_input_stderr_exact():
     proc = lcsb("validate", "recipes/lamp2.yaml", "lcsb.blcks=2")
     assert proc.returncode == 2 and proc.stdout == ""
-    assert proc.stderr == ("error: command line: override 'lcsb.blcks=2': unknown key lcsb.blcks; did you mean "
-                           "lcsb.blocks?\n")  # the typo is on the command line, not in the file
+    assert proc.stderr == (
+        "error: command line: override 'lcsb.blcks=2': unknown key lcsb.blcks; did you mean lcsb.blocks?\n"
+        # the typo is on the command line, not in the file
+    )
     proc = lcsb("validate", "recipes/lamp2.yaml", "backend=tpu")
     assert proc.returncode == 2
     assert proc.stderr == "error: backend: 'tpu' is not one of cpu, cuda, npu-sim, npu-htp\n"
@@ -192,26 +229,35 @@ def test_version_and_short_help_with_examples_and_flags_shown_as_flags():
         proc = lcsb(verb, "-h")
         assert proc.returncode == 0 and "Example" in proc.stdout, verb
         assert verb in ("validate", "export", "recipes") or "lcsb validate RECIPE" in " ".join(proc.stdout.split())
-        flags = [line for line in proc.stdout.splitlines()
-                 if any(f"--{name}" in line for name in ("resume", "force", "chat", "merge", "eval"))]
+        flags = [
+            line
+            for line in proc.stdout.splitlines()
+            if any(f"--{name}" in line for name in ("resume", "force", "chat", "merge", "eval"))
+        ]
         assert not any("<bool>" in line for line in flags), flags
 
 
 def test_a_hub_id_is_refused_at_validate_with_how_to_fetch_it(tmp_path):
-    hub = "error: model.name: 'Qwen/Qwen2.5-0.5B' is no local path, and lcsb downloads nothing; fetch it yourself " \
-          "with `hf download Qwen/Qwen2.5-0.5B --local-dir DIR`, then set model.name=DIR\n"
+    hub = (
+        "error: model.name: 'Qwen/Qwen2.5-0.5B' is no local path, and lcsb downloads nothing; fetch it yourself "
+        "with `hf download Qwen/Qwen2.5-0.5B --local-dir DIR`, then set model.name=DIR\n"
+    )
     proc = lcsb("validate", "recipes/lamp2.yaml", "model.name=Qwen/Qwen2.5-0.5B")
     assert (proc.returncode, proc.stdout, proc.stderr) == (2, "", hub)
     recipe = tmp_path / "hub.yaml"
     recipe.write_text((REPO / "recipes" / "lamp2.yaml").read_text() + "\nmodel: {name: Qwen/Qwen2.5-0.5B}\n")
     proc = lcsb("validate", str(recipe))
     assert (proc.returncode, proc.stderr) == (2, hub)
-    (tmp_path / "Qwen" / "Qwen2.5-0.5B").mkdir(parents=True)  # a local dir of that name is a path, as typed
-    assert lcsb("validate", str(REPO / "recipes" / "lamp2.yaml"), "model.name=Qwen/Qwen2.5-0.5B",
-                cwd=tmp_path).returncode == 0
+    # a local dir of that name is a path, as typed
+    (tmp_path / "Qwen" / "Qwen2.5-0.5B").mkdir(parents=True)
+    assert (
+        lcsb("validate", str(REPO / "recipes" / "lamp2.yaml"), "model.name=Qwen/Qwen2.5-0.5B", cwd=tmp_path).returncode
+        == 0
+    )
 
 
 # --- run dir safety ------------------------------------------------------------------------------
+
 
 def fake_run(run: Path) -> Path:
     run.mkdir(parents=True)
@@ -244,7 +290,8 @@ def test_truncate_metrics_keeps_complete_rows_up_to_step(tmp_path):
     path.write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"step": 6, "lo')
     assert rundir.truncate_metrics(path, 3) == rows[:3]
     assert [json.loads(line) for line in path.read_text().splitlines()] == rows[:3]
-    path.write_text(json.dumps(rows[0]) + "\n" + '{"step": 2, "loss": 2.')  # killed mid-write
+    # killed mid-write
+    path.write_text(json.dumps(rows[0]) + "\n" + '{"step": 2, "loss": 2.')
     assert rundir.truncate_metrics(path, 4) == rows[:1]
     assert path.read_text() == json.dumps(rows[0]) + "\n"
 
@@ -260,10 +307,13 @@ def test_check_resume_allows_only_harmless_changes(tmp_path):
     before = snapshot(run)
     with pytest.raises(BadInput, match="train.lr"):
         rundir.check_resume(run, rc.load_recipe(LAMP2, ["data.user=null", f"output_dir={run}", "train.lr=5e-4"]))
-    assert snapshot(run) == before  # a refused resume rewrites nothing
+    # a refused resume rewrites nothing
+    assert snapshot(run) == before
     longer = rc.load_recipe(LAMP2, ["data.user=null", f"output_dir={run}", "train.max_steps=100"])
     rundir.check_resume(run, longer)
-    assert snapshot(run) == before  # checking writes nothing; claim() does, once set-up has passed
-    assert checkpoint_dirs(run / "checkpoints")[0] == run / "checkpoints" / "step-10"  # newest, numerically
+    # checking writes nothing; claim() does, once set-up has passed
+    assert snapshot(run) == before
+    # newest, numerically
+    assert checkpoint_dirs(run / "checkpoints")[0] == run / "checkpoints" / "step-10"
     rundir.claim(run, longer, resume=True, resumed_step=0)
     assert rc.recipe_from_dict(yaml.safe_load((run / "config.yaml").read_text())) == longer

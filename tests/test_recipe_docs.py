@@ -41,8 +41,9 @@ def enumerated_comments(path):
 @pytest.mark.parametrize("path", SHIPPED, ids=lambda p: str(p.relative_to(REPO / "recipes")))
 def test_a_shipped_recipe_that_lists_a_keys_values_lists_them_all(path):
     for dotted, comment in enumerated_comments(path):
-        missing = [value for value in CHOICES[dotted] if not re.search(rf"(?<![\w-]){re.escape(value)}(?![\w-])",
-                                                                       comment)]
+        missing = [
+            value for value in CHOICES[dotted] if not re.search(rf"(?<![\w-]){re.escape(value)}(?![\w-])", comment)
+        ]
         assert not missing, f"{path.name}: {dotted}'s comment lacks {missing}: {comment!r}"
 
 
@@ -52,14 +53,17 @@ def test_the_comment_check_sees_a_stale_list(tmp_path):
     assert [key for key, _ in enumerated_comments(stale)] == ["backend", "lcsb.schedule"]
 
 
-@pytest.mark.parametrize("fmt,override,unused", [
-    ("jsonl", "data.profile_k=3", "data.profile_k"),
-    ("text", "data.train_labels=x.json", "data.train_labels"),
-    ("completion", "data.labels=[a, b]", "data.labels"),
-    ("chat", "data.eval_labels=x.json", "data.eval_labels"),
-    ("lamp2", "data.on_bad_line=skip", "data.on_bad_line"),
-    ("lamp2", "data.eval_fraction=0.3", "data.eval_fraction"),
-])
+@pytest.mark.parametrize(
+    "fmt,override,unused",
+    [
+        ("jsonl", "data.profile_k=3", "data.profile_k"),
+        ("text", "data.train_labels=x.json", "data.train_labels"),
+        ("completion", "data.labels=[a, b]", "data.labels"),
+        ("chat", "data.eval_labels=x.json", "data.eval_labels"),
+        ("lamp2", "data.on_bad_line=skip", "data.on_bad_line"),
+        ("lamp2", "data.eval_fraction=0.3", "data.eval_fraction"),
+    ],
+)
 def test_a_data_key_the_format_does_not_read_is_an_error(fmt, override, unused):
     own = [] if fmt == "lamp2" else ["data.train_labels=null", "data.eval_labels=null", "data.user=null"]
     proc = cli("validate", str(LAMP2), f"data.format={fmt}", *own, override)

@@ -30,7 +30,8 @@ def test_jsonl_trains_on_all_of_data_train_and_holds_out_data_eval(tmp_path: Pat
 
 def test_jsonl_without_data_eval_holds_out_the_newest(tmp_path: Path):
     task = load_task(load_recipe(OVERNIGHT, []), tokenizer=None)
-    assert max(q.id for q in task.train) < min(q.id for q in task.held_out)  # ids grow with the timestamp
+    # ids grow with the timestamp
+    assert max(q.id for q in task.train) < min(q.id for q in task.held_out)
     assert len(task.held_out) / (len(task.train) + len(task.held_out)) >= 0.2
 
 

@@ -6,10 +6,9 @@ import os
 import signal
 import subprocess
 import sys
-
-import pytest
 import time
 
+import pytest
 from helpers import LAMP2, REPO, cli, lcsb, run_train
 
 from lcsb_cli.run.checkpoint import checkpoint_dirs, step_of
@@ -29,15 +28,22 @@ def wait_for_checkpoint(run, writer, timeout=180):
 def test_a_second_writer_is_refused_and_a_killed_writer_blocks_nothing(tmp_path):
     run = tmp_path / "run"
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    writer = subprocess.Popen([sys.executable, "-m", "lcsb_cli", *ARGS, "--output", str(run)], cwd=REPO, env=env,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    writer = subprocess.Popen(
+        [sys.executable, "-m", "lcsb_cli", *ARGS, "--output", str(run)],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         wait_for_checkpoint(run, writer)
         for second in (lcsb(*ARGS, "--output", str(run), "--resume"), lcsb(*ARGS, "--output", str(run), "--force")):
             lines = second.stderr.splitlines()
             assert second.returncode == 2 and len(lines) == 1, second.stderr
             assert f"process {writer.pid} is writing this run" in lines[0], lines[0]
-        assert writer.poll() is None  # the refused commands left the writer and its run alone
+        # the refused commands left the writer and its run alone
+        assert writer.poll() is None
     finally:
         writer.send_signal(signal.SIGKILL)
         writer.wait()
@@ -47,7 +53,10 @@ def test_a_second_writer_is_refused_and_a_killed_writer_blocks_nothing(tmp_path)
     assert (run / "summary.json").is_file() and (run / "adapter" / "adapter_config.json").is_file()
 
 
-HOLD = "import sys, time; from lcsb_cli.run.rundir import RunDir\nwith RunDir(sys.argv[1]).writer():\n    print('held', flush=True); time.sleep(600)"
+HOLD = (
+    "import sys, time; from lcsb_cli.run.rundir import RunDir\n"
+    "with RunDir(sys.argv[1]).writer():\n    print('held', flush=True); time.sleep(600)"
+)
 
 
 def test_an_eval_into_a_run_being_written_is_refused_before_it_evaluates(tmp_path):
@@ -63,5 +72,6 @@ def test_an_eval_into_a_run_being_written_is_refused_before_it_evaluates(tmp_pat
     finally:
         holder.kill()
         holder.wait()
-    assert cli("eval", str(run)).returncode == 0  # the lock went with its process
+    # the lock went with its process
+    assert cli("eval", str(run)).returncode == 0
     assert (run / "eval.json").is_file()

@@ -30,7 +30,7 @@ def make_stack(num_layers=6, width=8, seed=0):
 def run(layers, x):
     for layer in layers:
         x = layer(x)
-    return (x ** 2).mean()
+    return (x**2).mean()
 
 
 def grads(params):
@@ -109,7 +109,7 @@ def surrogate_reference(layers, blocks, block: int, exact_above: int):
         else:
             h = h + (layer(h) - h).detach()
     params = [p for i in active for p in layers[i].parameters() if p.requires_grad]
-    return torch.autograd.grad((h ** 2).mean(), params)
+    return torch.autograd.grad((h**2).mean(), params)
 
 
 @pytest.mark.parametrize("exact_above", [0, 1, 3, 4])
@@ -160,7 +160,7 @@ def test_identity_upper_path_is_the_straight_through_gradient():
         h = layers[i](h)
     for i in blocks[2]:
         h = h + (layers[i](h) - h).detach()
-    (h ** 2).mean().backward()
+    (h**2).mean().backward()
     active = set(map(id, [p for i in blocks[1] for p in layers[i].parameters() if p.requires_grad]))
     for p, g in zip(trainable, got):
         if id(p) in active:
@@ -194,16 +194,21 @@ def test_idle_momentum_is_adamw_on_a_zero_gradient():
     rule = IdleMomentum(optimizer, [[active], [idle]])
     g = torch.tensor([0.5, -1.0, 2.0])
     active.grad, idle.grad = g.clone(), g.clone()
-    optimizer.step()  # both get moments
+    # both get moments
+    optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    m, v, before = optimizer.state[idle]["exp_avg"].clone(), optimizer.state[idle]["exp_avg_sq"].clone(), idle.detach().clone()
+    m, v, before = (
+        optimizer.state[idle]["exp_avg"].clone(),
+        optimizer.state[idle]["exp_avg_sq"].clone(),
+        idle.detach().clone(),
+    )
 
     active.grad = g.clone()
     rule.before_step(active=0)
     optimizer.step()
     s = 2
     m, v = b1 * m, b2 * v
-    expected = before * (1 - lr * wd) - lr * (m / (1 - b1 ** s)) / ((v / (1 - b2 ** s)).sqrt() + eps)
+    expected = before * (1 - lr * wd) - lr * (m / (1 - b1**s)) / ((v / (1 - b2**s)).sqrt() + eps)
     torch.testing.assert_close(idle.detach(), expected)
     assert not torch.equal(idle.detach(), before)
 
@@ -233,4 +238,5 @@ def test_surrogate_agreement_measures_each_window_against_the_true_gradient():
             assert ratio == pytest.approx(float(got.norm() / true.norm()), rel=1e-5)
     assert agreement[2, 0] == pytest.approx((1.0, 1.0)) and agreement[0, 4] == pytest.approx((1.0, 1.0))
     assert agreement[0, 0][0] < 0.999
-    assert all(layer.down.weight.requires_grad and layer.up.weight.requires_grad for layer in layers)  # restored
+    # restored
+    assert all(layer.down.weight.requires_grad and layer.up.weight.requires_grad for layer in layers)

@@ -28,14 +28,23 @@ REPO = Path(__file__).resolve().parent.parent
 PROMPTS = ["The capital of France is", "Once upon a time, a little robot", "def add(a, b):\n"]
 # one worker converts the base and trains the run once
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("smollm2")]
-RUN = ["backend=cpu", "model.dtype=bfloat16", "train.max_steps=10", "train.batch_size=2", "train.save_every=0",
-       "overnight.report=false", "data.max_length=64"]
+RUN = [
+    "backend=cpu",
+    "model.dtype=bfloat16",
+    "train.max_steps=10",
+    "train.batch_size=2",
+    "train.save_every=0",
+    "overnight.report=false",
+    "data.max_length=64",
+]
 
 
 def plain(checkpoint: Path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    return AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32).eval(), AutoTokenizer.from_pretrained(checkpoint)
+    return AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32).eval(), AutoTokenizer.from_pretrained(
+        checkpoint
+    )
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +74,8 @@ def test_the_preset_is_smollm2_from_its_package_gguf(smol):
     model, tokenizer = plain(smol)
     assert (model.config.num_hidden_layers, model.config.hidden_size, model.config.vocab_size) == (30, 576, 49152)
     assert tokenizer.eos_token == "<|im_end|>" and "<|im_start|>assistant" in tokenizer.apply_chat_template(
-        [{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True)
+        [{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True
+    )
     ids = tokenizer("The capital of France is").input_ids
     assert tokenizer.decode(hf_greedy(model, ids, 3)).startswith(" Paris")
 
@@ -93,22 +103,27 @@ def round_trip(smol_run, tmp_path_factory):
     _, run_dir = smol_run
     out = tmp_path_factory.mktemp("smol-export")
     merged = export_run(run_dir, out / "merged", merge=True)
-    files = {t: export_run(run_dir, out / f"smol-{t}.gguf", merge=True, fmt="gguf", outtype=t) for t in ("bf16", "q8_0")}
+    files = {
+        t: export_run(run_dir, out / f"smol-{t}.gguf", merge=True, fmt="gguf", outtype=t) for t in ("bf16", "q8_0")
+    }
     return plain(merged), files
 
 
 def test_gguf_round_trip_through_transformers_and_llama_cpp(round_trip):
     (model, tokenizer), files = round_trip
     print("\nGGUF sizes (MB):", {t: round(f.stat().st_size / 2**20, 1) for t, f in files.items()})
-    back = transformers_model(files["bf16"])  # the merged weights are bf16: stored exactly
+    # the merged weights are bf16: stored exactly
+    back = transformers_model(files["bf16"])
     with LlamaCpp(files["bf16"]) as llama:
         for prompt in PROMPTS:
             ids = tokenizer(prompt).input_ids
             assert llama.tokenize(prompt) == ids
             reference = hf_logits(model, ids)
             exact, cpp = (hf_logits(back, ids) - reference).abs().max(), (llama.logits(ids) - reference).abs().max()
-            print(f"bf16 {prompt[:20]!r}: max |logit diff| transformers {exact:.2e}, llama.cpp {cpp:.2e} "
-                  f"(logits up to {reference.abs().max():.1f})")
+            print(
+                f"bf16 {prompt[:20]!r}: max |logit diff| transformers {exact:.2e}, llama.cpp {cpp:.2e} "
+                f"(logits up to {reference.abs().max():.1f})"
+            )
             assert exact < 1e-3 and cpp < 0.05 * reference.abs().max()
             assert llama.greedy(ids, 8) == hf_greedy(model, ids, 8)
 

@@ -16,21 +16,38 @@ from lcsb_cli.errors import BadInput
 from lcsb_cli.model import load as models
 from lcsb_cli.model import streamed
 
-DTYPE = torch.bfloat16  # the memory recipes' model.dtype
-SMALL = {"hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 3, "num_attention_heads": 4,
-         "num_key_value_heads": 2, "vocab_size": 512, "max_position_embeddings": 256,
-         "initializer_range": 0.2}  # a confident model: a lost scale or rotary table moves its loss far more than 1 %
-WINDOW = 8  # sliding windows shorter than the batch's rows, so the sliding masks cut
+# the memory recipes' model.dtype
+DTYPE = torch.bfloat16
+SMALL = {
+    "hidden_size": 128,
+    "intermediate_size": 256,
+    "num_hidden_layers": 3,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "vocab_size": 512,
+    "max_position_embeddings": 256,
+    "initializer_range": 0.2,
+    # a confident model: a lost scale or rotary table moves its loss far more than 1 %
+}
+# sliding windows shorter than the batch's rows, so the sliding masks cut
+WINDOW = 8
 ARCHITECTURES = {
-    "llama": {"tie_word_embeddings": False},  # an LM head of its own
+    # an LM head of its own
+    "llama": {"tie_word_embeddings": False},
     "qwen2": {"tie_word_embeddings": True},
     "mistral": {"sliding_window": WINDOW, "tie_word_embeddings": True},
-    "gemma3_text": {  # embedding scaled by sqrt(hidden) (a non-persistent buffer), local and global layers, each
+    # embedding scaled by sqrt(hidden) (a non-persistent buffer), local and global layers, each
+    "gemma3_text": {
         # type with its own rotary table (the global one linearly scaled), a tied head
-        "head_dim": 32, "query_pre_attn_scalar": 32, "sliding_window": WINDOW,
+        "head_dim": 32,
+        "query_pre_attn_scalar": 32,
+        "sliding_window": WINDOW,
         "layer_types": ["sliding_attention", "full_attention", "sliding_attention"],
-        "rope_parameters": {"sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
-                            "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1_000_000.0}}},
+        "rope_parameters": {
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
+            "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1_000_000.0},
+        },
+    },
     "phi3": {"pad_token_id": 0, "tie_word_embeddings": False},
 }
 BATCH = torch.randint(0, 512, (2, 3 * WINDOW), generator=torch.Generator().manual_seed(1))
@@ -49,13 +66,15 @@ def checkpoint(request, tmp_path_factory):
 
 
 def normal_build(path):
-    return AutoModelForCausalLM.from_pretrained(path, dtype=DTYPE, quantization_config=models.quantization_config(
-        "nf4", DTYPE), device_map={"": "cpu"})
+    return AutoModelForCausalLM.from_pretrained(
+        path, dtype=DTYPE, quantization_config=models.quantization_config("nf4", DTYPE), device_map={"": "cpu"}
+    )
 
 
 def streamed_build(path, embedding: str):
-    return streamed.streamed_model(AutoConfig.from_pretrained(path), DTYPE, "nf4", embedding,
-                                   streamed.SafetensorsCheckpoint(path))
+    return streamed.streamed_model(
+        AutoConfig.from_pretrained(path), DTYPE, "nf4", embedding, streamed.SafetensorsCheckpoint(path)
+    )
 
 
 def logits(model) -> torch.Tensor:
@@ -74,14 +93,17 @@ def test_kept_embedding_builds_the_same_modules_buffers_and_logits(checkpoint):
     assert buffers.keys() == dict(normal.named_buffers()).keys()
     for name, buffer in normal.named_buffers():
         assert buffers[name].dtype == buffer.dtype and torch.equal(buffers[name], buffer), name
-    assert (built.get_output_embeddings().weight is built.get_input_embeddings().weight) == \
-        (normal.get_output_embeddings().weight is normal.get_input_embeddings().weight)
+    assert (built.get_output_embeddings().weight is built.get_input_embeddings().weight) == (
+        normal.get_output_embeddings().weight is normal.get_input_embeddings().weight
+    )
     torch.testing.assert_close(logits(built), logits(normal), rtol=0, atol=1e-5)
 
 
 def with_4bit_rows(model):
     """The model with its embedding and LM head weights replaced by their NF4 round trip, as the build packs them."""
-    for weight in {id(w): w for w in (model.get_input_embeddings().weight, model.get_output_embeddings().weight)}.values():
+    for weight in {
+        id(w): w for w in (model.get_input_embeddings().weight, model.get_output_embeddings().weight)
+    }.values():
         rows = streamed.QuantizedRows.quantize([weight.data], *weight.shape, "nf4")
         weight.data = rows.slice(0, weight.shape[0], DTYPE)
     return model
@@ -150,13 +172,25 @@ def test_an_embedding_class_a_4bit_embedding_cannot_keep_is_refused_and_kept_who
 
 
 def test_a_head_a_4bit_head_cannot_keep_is_one_line_of_bad_input_through_the_cli(tmp_path):
-    config = AutoConfig.for_model("phi", **{**SMALL, "initializer_range": 0.02})  # its LM head has a bias
+    # its LM head has a bias
+    config = AutoConfig.for_model("phi", **{**SMALL, "initializer_range": 0.02})
     AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path / "phi")
     for name in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(models.TOKENIZER_DIR / "lcsb-bpe" / name, tmp_path / "phi" / name)
-    result = cli("train", str(LAMP2), f"model.name={tmp_path / 'phi'}", "quantization=nf4", "memory.streamed_load=true",
-                 "memory.embedding=nf4", "--output", str(tmp_path / "run"))
+    result = cli(
+        "train",
+        str(LAMP2),
+        f"model.name={tmp_path / 'phi'}",
+        "quantization=nf4",
+        "memory.streamed_load=true",
+        "memory.embedding=nf4",
+        "--output",
+        str(tmp_path / "run"),
+    )
     assert result.returncode == 2
-    assert result.stderr.strip().splitlines() == [(
-        "error: memory.embedding: the LM head lm_head is a Linear with a bias; a 4-bit head is a bias-free "
-        "nn.Linear: set memory.embedding=keep")]
+    assert result.stderr.strip().splitlines() == [
+        (
+            "error: memory.embedding: the LM head lm_head is a Linear with a bias; a 4-bit head is a bias-free "
+            "nn.Linear: set memory.embedding=keep"
+        )
+    ]

@@ -15,7 +15,8 @@ TAU_SOC = PROFILE.soc_heat_capacity_j_per_c * PROFILE.soc_to_skin_c_per_w
 
 
 def test_a_sustained_load_heats_the_skin_with_its_time_constant_and_throttles_at_throttle_c():
-    power = 6.0  # NPU + CPU lanes busy: above the ~4 W this phone sustains at its skin limit
+    # NPU + CPU lanes busy: above the ~4 W this phone sustains at its skin limit
+    power = 6.0
     rise = power * PROFILE.skin_to_ambient_c_per_w
     thermal = Thermal(PROFILE)
     assert thermal.advance(TAU_SKIN, power) == []
@@ -25,7 +26,8 @@ def test_a_sustained_load_heats_the_skin_with_its_time_constant_and_throttles_at
     while not events:
         events = thermal.advance(1.0, power)
         seconds += 1.0
-    assert events == ["npu_clock_throttled"] and thermal.soc_c < PROFILE.junction_throttle_c  # the skin's limit
+    # the skin's limit
+    assert events == ["npu_clock_throttled"] and thermal.soc_c < PROFILE.junction_throttle_c
     assert thermal.skin_c == pytest.approx(PROFILE.throttle_c, abs=0.05)
     one_mass = -TAU_SKIN * math.log(1 - (PROFILE.throttle_c - PROFILE.ambient_c) / rise)
     assert seconds == pytest.approx(one_mass, rel=0.05)
@@ -35,15 +37,18 @@ def test_at_idle_the_soc_settles_in_seconds_and_the_skin_cools_with_its_time_con
     thermal = Thermal(PROFILE)
     thermal.advance(3 * TAU_SKIN, 6.0)
     idle = PROFILE.idle_power_w
-    offset = thermal.soc_c - thermal.skin_c - idle * PROFILE.soc_to_skin_c_per_w  # SoC over body, above idle's
+    # SoC over body, above idle's
+    offset = thermal.soc_c - thermal.skin_c - idle * PROFILE.soc_to_skin_c_per_w
     thermal.advance(TAU_SOC, idle)
     assert thermal.soc_c - thermal.skin_c - idle * PROFILE.soc_to_skin_c_per_w == pytest.approx(
-        offset * math.exp(-1), rel=0.1)
+        offset * math.exp(-1), rel=0.1
+    )
     floor = PROFILE.ambient_c + idle * PROFILE.skin_to_ambient_c_per_w
     excess = thermal.skin_c - floor
     events = thermal.advance(TAU_SKIN, idle)
     assert thermal.skin_c - floor == pytest.approx(excess * math.exp(-1), rel=0.05)
-    assert events == ["npu_clock_restored"]  # 5 C under the limit by now
+    # 5 C under the limit by now
+    assert events == ["npu_clock_restored"]
 
 
 def test_a_burst_trips_the_npu_junction_within_seconds_while_the_skin_is_still_cool():
@@ -69,16 +74,21 @@ def test_a_projected_night_throttles_when_the_closed_form_says_and_then_pauses_a
     spec = importlib.util.spec_from_file_location("thermal_night", path)
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
-    step = {"sim_step_time_s": 0.2, "sim_npu_s": 0.04, "sim_cpu_s": 0.2}  # a SmolLM2 step's shape
+    # a SmolLM2 step's shape
+    step = {"sim_step_time_s": 0.2, "sim_npu_s": 0.04, "sim_cpu_s": 0.2}
     power = script.step_cost(step, PROFILE, throttled=False)[1] / 0.2
-    assert script.step_cost(step, PROFILE, throttled=True)[0] == pytest.approx(0.2 + 0.04 / PROFILE.throttle_clock - 0.04)
+    assert script.step_cost(step, PROFILE, throttled=True)[0] == pytest.approx(
+        0.2 + 0.04 / PROFILE.throttle_clock - 0.04
+    )
     night = script.night([step], PROFILE, max_temp_c=42.0, hours=1.0)
     rise = power * PROFILE.skin_to_ambient_c_per_w
     one_mass = -TAU_SKIN * math.log(1 - (PROFILE.throttle_c - PROFILE.ambient_c) / rise)
     assert night["first_throttle"]["minute"] * 60 == pytest.approx(one_mass, rel=0.05)
     assert night["cool_down_pauses"] >= 1 and 0.3 < night["training_share"] < 1
-    assert night["final_skin_c"] <= 42.0 + 0.1  # the job never lets the skin run past max_temp_c
-    assert night["clock_restores"] == 0  # pauses end at 40 C, above the clock's 37 C: half clock for the rest
+    # the job never lets the skin run past max_temp_c
+    assert night["final_skin_c"] <= 42.0 + 0.1
+    # pauses end at 40 C, above the clock's 37 C: half clock for the rest
+    assert night["clock_restores"] == 0
 
 
 def test_a_checkpoint_of_the_one_node_model_resumes_with_both_nodes_at_its_temperature():
@@ -98,6 +108,8 @@ def test_the_clock_comes_back_only_when_both_nodes_are_hysteresis_below_their_li
     skin, junction, margin = PROFILE.throttle_c, PROFILE.junction_throttle_c, PROFILE.hysteresis_c
     assert _at(30.0, skin, False) == ["npu_clock_throttled"] and _at(junction, 30.0, False) == ["npu_clock_throttled"]
     assert _at(30.0, skin - 0.1, False) == [] and _at(junction - 0.1, 30.0, False) == []
-    assert _at(30.0, skin - margin + 0.1, True) == []  # below the limit, not yet by the hysteresis
-    assert _at(junction - margin + 0.1, 30.0, True) == []  # the skin is cool, the SoC is not
+    # below the limit, not yet by the hysteresis
+    assert _at(30.0, skin - margin + 0.1, True) == []
+    # the skin is cool, the SoC is not
+    assert _at(junction - margin + 0.1, 30.0, True) == []
     assert _at(junction - margin - 0.1, skin - margin - 0.1, True) == ["npu_clock_restored"]

@@ -7,12 +7,14 @@ import glob
 import time
 from pathlib import Path
 
-THERMAL_ZONES = "/sys/class/thermal/thermal_zone*/temp"  # millidegrees C
+# millidegrees C
+THERMAL_ZONES = "/sys/class/thermal/thermal_zone*/temp"
 
 
 class Backend:
     name = "base"
-    idle_poll_s = 5.0  # job control's seconds between temperature readings while a hot device pauses
+    # job control's seconds between temperature readings while a hot device pauses
+    idle_poll_s = 5.0
 
     def autocast(self, mode: str):
         return contextlib.nullcontext()

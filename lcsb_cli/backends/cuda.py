@@ -28,5 +28,6 @@ class CudaBackend(Backend):
         """The GPU's own sensor (through NVML), else the host's thermal zones."""
         try:
             return float(torch.cuda.temperature(self.device))
-        except Exception:  # no NVML / no sensor
+        # no NVML / no sensor
+        except Exception:
             return super().temperature()

@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import torch
 
-ACT_LEVELS = {"w8a16": 32767, "w8a8": 127}  # symmetric steps each side of zero (uint16 / uint8, zero point mid-range)
-FP16_CODE_SCALE = 128.0  # the fp16 graph holds codes / 128: exact in fp16, and outputs of [-1, 1) rows stay small
+# symmetric steps each side of zero (uint16 / uint8, zero point mid-range)
+ACT_LEVELS = {"w8a16": 32767, "w8a8": 127}
+# the fp16 graph holds codes / 128: exact in fp16, and outputs of [-1, 1) rows stay small
+FP16_CODE_SCALE = 128.0
 
 
 def output_range(codes: torch.Tensor, mode: str, contract_rows: bool) -> float:

@@ -28,8 +28,10 @@ def method_names(recipe: Recipe, compare: list[str], budget: str = "equal-steps"
     for name in compare:
         method, overrides = split_variant(name)
         if method not in FIXED and lcsb_blocks(method) is None:
-            raise BadInput(f"--compare: unknown method {method!r}; choose from {', '.join(FIXED)}, lcsb:K, "
-                           "lcsb:K:exact, lcsb:K:exactW, each optionally with @KEY=VALUE[,KEY=VALUE]")
+            raise BadInput(
+                f"--compare: unknown method {method!r}; choose from {', '.join(FIXED)}, lcsb:K, "
+                "lcsb:K:exact, lcsb:K:exactW, each optionally with @KEY=VALUE[,KEY=VALUE]"
+            )
         with_overrides(recipe, overrides, f"--compare {name}")
     return list(dict.fromkeys([own, *compare, *([BASELINE] if budget == "equal-time" else [])]))
 
@@ -84,14 +86,24 @@ def method_recipe(recipe: Recipe, name: str, total_steps: int) -> Recipe:
     if name.startswith("full-backprop"):
         full = replace_key(recipe, "method", "full-backprop")
         return replace_key(full, "activation_checkpointing", name == "full-backprop+ckpt")
-    if name.startswith("hf-trainer"):  # the users' alternative in its own setup: fp32 weights, Trainer's precision
+    # the users' alternative in its own setup: fp32 weights, Trainer's precision
+    if name.startswith("hf-trainer"):
         plain = replace_key(replace_key(recipe, "activation_checkpointing", False), "model.dtype", "float32")
         return replace_key(plain, "train.autocast", "none")
     return replace_key(recipe, "method", name)
 
 
-def run_bench(recipe: Recipe, compare: list[str], steps: int, warmup: int, output: Path, evaluate: bool,
-              reporter=None, seeds: int = 1, budget: str = "equal-steps") -> dict:
+def run_bench(
+    recipe: Recipe,
+    compare: list[str],
+    steps: int,
+    warmup: int,
+    output: Path,
+    evaluate: bool,
+    reporter=None,
+    seeds: int = 1,
+    budget: str = "equal-steps",
+) -> dict:
     """Every method on the same data and model, once per seed (train.seed, +1, ...), each seed in fresh workers;
     bench.json holds each method's means, standard deviations and per-seed values."""
     names = method_names(recipe, compare, budget)
@@ -109,13 +121,19 @@ def run_bench(recipe: Recipe, compare: list[str], steps: int, warmup: int, outpu
         adapters = output / "adapters" / f"seed-{seed}" if evaluate else None
         shown = reporter and (lambda name, row, seed=seed: reporter(f"seed {seed} {name}", row))
         session, probed = run_session(recipes, steps, warmup, budget, evaluate, adapters, shown, probe is None)
-        probe = probe or probed  # measured once, before the first seed's steps
-        per_seed.append(summarize_bench(names, {n: s["timed"] for n, s in session.items()},
-                                        {n: s["rows"] for n, s in session.items()},
-                                        {n: s["eval"] for n, s in session.items()},
-                                        {n: s["memory"] for n, s in session.items()},
-                                        {n: compute_dtype(r, n) for n, r in recipes.items()},
-                                        probe["matmul_limit_gflops"]))
+        # measured once, before the first seed's steps
+        probe = probe or probed
+        per_seed.append(
+            summarize_bench(
+                names,
+                {n: s["timed"] for n, s in session.items()},
+                {n: s["rows"] for n, s in session.items()},
+                {n: s["eval"] for n, s in session.items()},
+                {n: s["memory"] for n, s in session.items()},
+                {n: compute_dtype(r, n) for n, r in recipes.items()},
+                probe["matmul_limit_gflops"],
+            )
+        )
         rows.append({n: s["rows"] for n, s in session.items()})
     result = {**combine_seeds(per_seed, seed_values), "budget": budget, "steps": steps, "warmup": warmup, **probe}
     output.mkdir(parents=True, exist_ok=True)
@@ -125,22 +143,35 @@ def run_bench(recipe: Recipe, compare: list[str], steps: int, warmup: int, outpu
     return result
 
 
-def summarize_bench(names: list[str], timed: dict[str, list[dict]], all_rows: dict[str, list[dict]],
-                    evals: dict, memory: dict | None = None, dtypes: dict[str, str] | None = None,
-                    limits: dict[str, float] | None = None) -> dict:
+def summarize_bench(
+    names: list[str],
+    timed: dict[str, list[dict]],
+    all_rows: dict[str, list[dict]],
+    evals: dict,
+    memory: dict | None = None,
+    dtypes: dict[str, str] | None = None,
+    limits: dict[str, float] | None = None,
+) -> dict:
     """bench.json: each method's step_stats over its timed steps; `diverged` and the eval over all of them; its
     model GFLOP/s against the matmul limit (`limits`, by dtype) of the dtype it computes in (`dtypes`)."""
     baseline = BASELINE if BASELINE in names else names[0]
     stats = {name: step_stats(timed[name]) for name in names}
     methods = []
     for name in names:
-        entry = {"name": name, **stats[name], "eval": evals.get(name), "steps": len(timed[name]),
-                 "train_time_s": sum(row["step_time_s"] for row in timed[name]),
-                 "diverged": any(r.get("event") in ("diverged", "rollback") for r in all_rows[name]),
-                 "speedup": stats[baseline]["median_step_time_s"] / stats[name]["median_step_time_s"],
-                 "memory": (memory or {}).get(name), "compute_dtype": (dtypes or {}).get(name),
-                 **roofline_fields(timed[name], stats[name]["median_step_time_s"],
-                                   (limits or {}).get((dtypes or {}).get(name)))}
+        entry = {
+            "name": name,
+            **stats[name],
+            "eval": evals.get(name),
+            "steps": len(timed[name]),
+            "train_time_s": sum(row["step_time_s"] for row in timed[name]),
+            "diverged": any(r.get("event") in ("diverged", "rollback") for r in all_rows[name]),
+            "speedup": stats[baseline]["median_step_time_s"] / stats[name]["median_step_time_s"],
+            "memory": (memory or {}).get(name),
+            "compute_dtype": (dtypes or {}).get(name),
+            **roofline_fields(
+                timed[name], stats[name]["median_step_time_s"], (limits or {}).get((dtypes or {}).get(name))
+            ),
+        }
         if "sim_median_step_time_s" in entry:
             entry["sim_speedup"] = stats[baseline]["sim_median_step_time_s"] / entry["sim_median_step_time_s"]
         methods.append({**entry, **_ideal_speedup(entry, stats.get(BASELINE))})
@@ -154,5 +185,6 @@ def _ideal_speedup(entry: dict, full: dict | None) -> dict:
     if blocks is None or full is None or "median_forward_s" not in full or "median_forward_s" not in entry:
         return {}
     ideal = (full["median_forward_s"] + full["median_backward_s"]) / (
-        entry["median_forward_s"] + full["median_backward_s"] / blocks)
+        entry["median_forward_s"] + full["median_backward_s"] / blocks
+    )
     return {"ideal_speedup": ideal, "efficiency": entry["speedup"] / ideal}

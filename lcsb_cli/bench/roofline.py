@@ -35,14 +35,26 @@ class ModelShape(LayerShape):
     @classmethod
     def of(cls, config, recipe: Recipe) -> ModelShape:
         """The decoder layer's shape, the layer count and vocabulary, and the recipe's LoRA."""
-        return cls(**vars(LayerShape.of(config)), layers=config.num_hidden_layers, vocab=config.vocab_size,
-                   lora_rank=recipe.lora.rank, lora_targets=tuple(recipe.lora.targets))
+        return cls(
+            **vars(LayerShape.of(config)),
+            layers=config.num_hidden_layers,
+            vocab=config.vocab_size,
+            lora_rank=recipe.lora.rank,
+            lora_targets=tuple(recipe.lora.targets),
+        )
 
     def projections(self) -> dict[str, tuple[int, int]]:
         """(in, out) features of each projection of a decoder layer."""
         h, q, kv, i = self.hidden, self.heads * self.head_dim, self.kv_heads * self.head_dim, self.intermediate
-        return {"q_proj": (h, q), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (q, h), "gate_proj": (h, i),
-                "up_proj": (h, i), "down_proj": (i, h)}
+        return {
+            "q_proj": (h, q),
+            "k_proj": (h, kv),
+            "v_proj": (h, kv),
+            "o_proj": (q, h),
+            "gate_proj": (h, i),
+            "up_proj": (h, i),
+            "down_proj": (i, h),
+        }
 
 
 def plan_for(recipe: Recipe, layers: int) -> Plan:
@@ -81,9 +93,12 @@ class StepFlops:
         attention = 4 * batch * shape.heads * length**2 * shape.head_dim
         head = 2 * head_rows * shape.hidden * shape.vocab
         forward = shape.layers * (base + lora_out + lora_in + attention) + head
-        backward = sum(through * (base + lora_out + lora_in + 2 * attention) - lowest * (base_qkv + lora_in_qkv)
-                       + trained * (lora_out + lora_in)
-                       for through, lowest, trained in zip(plan.through, plan.lowest, plan.trained))
+        backward = sum(
+            through * (base + lora_out + lora_in + 2 * attention)
+            - lowest * (base_qkv + lora_in_qkv)
+            + trained * (lora_out + lora_in)
+            for through, lowest, trained in zip(plan.through, plan.lowest, plan.trained)
+        )
         return plan.forwards * forward + (backward + head if any(plan.through) else 0.0)
 
     def _products(self, tokens: int, names) -> tuple[int, int, int]:
@@ -116,9 +131,13 @@ def probe_matmul(shape: ModelShape, tokens: int, seconds: float = 0.5) -> dict:
         best = {pair: _best_call(tokens, *pair, dtype, seconds / len(counts)) for pair in counts}
         flops = sum(n * 2 * tokens * fan_in * fan_out for (fan_in, fan_out), n in counts.items())
         limits[name] = flops / sum(n * best[pair] for pair, n in counts.items()) / 1e9
-    return {"matmul_limit_gflops": limits,
-            "matmul_probe": {"shapes": [[tokens, fan_in, fan_out] for fan_in, fan_out in counts],
-                             "threads": torch.get_num_threads()}}
+    return {
+        "matmul_limit_gflops": limits,
+        "matmul_probe": {
+            "shapes": [[tokens, fan_in, fan_out] for fan_in, fan_out in counts],
+            "threads": torch.get_num_threads(),
+        },
+    }
 
 
 def _best_call(tokens: int, fan_in: int, fan_out: int, dtype: torch.dtype, seconds: float) -> float:

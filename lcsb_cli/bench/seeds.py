@@ -15,13 +15,20 @@ def combine_seeds(per_seed: list[dict], seeds: list[int]) -> dict:
     the sample standard deviation under `std` (0 for one seed); `seeds` keeps each seed's own values."""
     methods = []
     for entries in zip(*(result["methods"] for result in per_seed)):
-        numeric = [key for key, value in entries[0].items() if _is_number(value)
-                   and all(_is_number(e.get(key)) for e in entries)]
+        numeric = [
+            key
+            for key, value in entries[0].items()
+            if _is_number(value) and all(_is_number(e.get(key)) for e in entries)
+        ]
         evals = [e["eval"] for e in entries]
-        combined = {**entries[0], **{key: statistics.fmean(e[key] for e in entries) for key in numeric},
-                    "diverged": any(e["diverged"] for e in entries), "eval": _mean_eval(evals),
-                    "std": {**{key: _std([e[key] for e in entries]) for key in numeric}, "eval": _std_eval(evals)},
-                    "seeds": [{"seed": seed, **{key: e.get(key) for key in PER_SEED}} for seed, e in zip(seeds, entries)]}
+        combined = {
+            **entries[0],
+            **{key: statistics.fmean(e[key] for e in entries) for key in numeric},
+            "diverged": any(e["diverged"] for e in entries),
+            "eval": _mean_eval(evals),
+            "std": {**{key: _std([e[key] for e in entries]) for key in numeric}, "eval": _std_eval(evals)},
+            "seeds": [{"seed": seed, **{key: e.get(key) for key in PER_SEED}} for seed, e in zip(seeds, entries)],
+        }
         methods.append(combined)
     return {"baseline": per_seed[0]["baseline"], "seeds": seeds, "methods": methods}
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import statistics
 from pathlib import Path
@@ -10,11 +11,20 @@ from ..recipe import Recipe, to_dict
 
 BASELINE = "full-backprop"
 BUDGETS = ("equal-steps", "equal-time")
-PROBE_STEPS = 3  # equal-time: timed steps of every method before each one's LR horizon is set
+# equal-time: timed steps of every method before each one's LR horizon is set
+PROBE_STEPS = 3
 
 
-def run_session(recipes: dict[str, Recipe], steps: int, warmup: int, budget: str, evaluate: bool,
-                adapters: Path | None, reporter=None, probe: bool = False) -> tuple[dict[str, dict], dict | None]:
+def run_session(
+    recipes: dict[str, Recipe],
+    steps: int,
+    warmup: int,
+    budget: str,
+    evaluate: bool,
+    adapters: Path | None,
+    reporter=None,
+    probe: bool = False,
+) -> tuple[dict[str, dict], dict | None]:
     """Each method's step rows, eval (with `evaluate`; its adapter saved under `adapters`) and memory breakdown;
     with `probe`, the machine's matmul limits, measured before any step by the first worker (the recipe's own
     method: always one of the engine's, never hf-trainer)."""
@@ -35,8 +45,10 @@ def run_session(recipes: dict[str, Recipe], steps: int, warmup: int, budget: str
     finally:
         for worker in workers.values():
             worker.close()
-    return {name: {"rows": w.rows, "timed": w.rows[warmup:], "eval": evals[name], "memory": memory[name]}
-            for name, w in workers.items()}, limits
+    return {
+        name: {"rows": w.rows, "timed": w.rows[warmup:], "eval": evals[name], "memory": memory[name]}
+        for name, w in workers.items()
+    }, limits
 
 
 def _equal_time(workers: dict, steps: int, warmup: int, reporter) -> None:
@@ -53,15 +65,15 @@ def _equal_time(workers: dict, steps: int, warmup: int, reporter) -> None:
     while True:
         done = len(full.rows) - warmup
         target = _spent(full, warmup) + (steps - done) * _median_step(full, warmup)
-        going = [w for name, w in workers.items()
-                 if (done < steps if name == BASELINE else _spent(w, warmup) < target)]
+        going = [w for name, w in workers.items() if (done < steps if name == BASELINE else _spent(w, warmup) < target)]
         if not going:
             return
         _round(going, reporter)
 
 
 def _round(workers, reporter) -> None:
-    for worker in workers:  # interleaved: A B C A B C ...
+    # interleaved: A B C A B C ...
+    for worker in workers:
         row = worker.ask("step", len(worker.rows))
         worker.rows.append(row)
         if reporter:
@@ -117,10 +129,8 @@ class _Worker:
         raise RuntimeError(f"the bench worker for {self.name} stopped (its error is printed above)")
 
     def close(self) -> None:
-        try:
+        with contextlib.suppress(BrokenPipeError, OSError):
             self.conn.send(("stop", None))
-        except (BrokenPipeError, OSError):
-            pass
         self.process.join(timeout=30)
         if self.process.is_alive():
             self.process.kill()

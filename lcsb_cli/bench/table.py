@@ -9,16 +9,26 @@ from rich.table import Table
 
 from ..recipe import Recipe
 
-IDEAL = ("lcsb:K's ideal speedup = (F_full + B_full) / (F_lcsb + B_full / K), F and B the forward and backward "
-         "medians of full backprop and of that lcsb:K: its step time if its backward cost exactly a K-th of full "
-         "backprop's; efficiency = speedup / ideal speedup.")
-ROOFLINE = ("GFLOP/s = model FLOPs per step (counted from the shapes: forward and the backward the method "
-            "differentiates, no recomputation) / median step time; of limit = its share of this machine's matmul "
-            "GFLOP/s at the model's projection shapes, in the dtype the method computes in")
+IDEAL = (
+    "lcsb:K's ideal speedup = (F_full + B_full) / (F_lcsb + B_full / K), F and B the forward and backward "
+    "medians of full backprop and of that lcsb:K: its step time if its backward cost exactly a K-th of full "
+    "backprop's; efficiency = speedup / ideal speedup."
+)
+ROOFLINE = (
+    "GFLOP/s = model FLOPs per step (counted from the shapes: forward and the backward the method "
+    "differentiates, no recomputation) / median step time; of limit = its share of this machine's matmul "
+    "GFLOP/s at the model's projection shapes, in the dtype the method computes in"
+)
 SHORT_DTYPES = {"float32": "fp32", "bfloat16": "bf16"}
-MEMORY_COLUMNS = {"peak_rss_mb": "peak RSS", "runtime_mb": "runtime", "weights_mb": "weights",
-                  "lora_optimizer_mb": "LoRA + optimizer", "activations_mb": "activations", "logits_mb": "logits",
-                  "other_mb": "other"}
+MEMORY_COLUMNS = {
+    "peak_rss_mb": "peak RSS",
+    "runtime_mb": "runtime",
+    "weights_mb": "weights",
+    "lora_optimizer_mb": "LoRA + optimizer",
+    "activations_mb": "activations",
+    "logits_mb": "logits",
+    "other_mb": "other",
+}
 
 
 @dataclass
@@ -45,11 +55,15 @@ def bench_tables(result: dict, recipe: Recipe) -> list[BenchTable]:
 
 
 def bench_markdown(result: dict, recipe: Recipe, steps: int, warmup: int) -> str:
-    lines = [f"# lcsb bench: {recipe.name}", "",
-             f"Model {recipe.model.name} ({recipe.model.dtype}, quantization {recipe.quantization}), batch "
-             f"{recipe.train.batch_size}, autocast {recipe.train.autocast}, backend {recipe.backend}; "
-             f"{_budget(result, steps)} after {warmup} warm-up steps, interleaved; seeds "
-             f"{', '.join(map(str, result['seeds']))}; baseline {result['baseline']}.", ""]
+    lines = [
+        f"# lcsb bench: {recipe.name}",
+        "",
+        f"Model {recipe.model.name} ({recipe.model.dtype}, quantization {recipe.quantization}), batch "
+        f"{recipe.train.batch_size}, autocast {recipe.train.autocast}, backend {recipe.backend}; "
+        f"{_budget(result, steps)} after {warmup} warm-up steps, interleaved; seeds "
+        f"{', '.join(map(str, result['seeds']))}; baseline {result['baseline']}.",
+        "",
+    ]
     if any("ideal_speedup" in m for m in result["methods"]):
         lines += [IDEAL, ""]
     if "matmul_limit_gflops" in result:
@@ -85,8 +99,7 @@ def _budget(result: dict, steps: int) -> str:
 def _limits(result: dict) -> str:
     shapes = ", ".join("x".join(map(str, s)) for s in result["matmul_probe"]["shapes"])
     rates = ", ".join(f"{SHORT_DTYPES.get(d, d)} {g:.1f}" for d, g in result["matmul_limit_gflops"].items())
-    return (f"Matmul limit (GFLOP/s, GEMMs M x K x N {shapes}, {result['matmul_probe']['threads']} threads): "
-            f"{rates}.")
+    return f"Matmul limit (GFLOP/s, GEMMs M x K x N {shapes}, {result['matmul_probe']['threads']} threads): {rates}."
 
 
 def _roofline(m: dict) -> str:
@@ -103,8 +116,17 @@ def _main(methods: list[dict], baseline: str) -> BenchTable:
     """Means over the seeds, with ± one standard deviation where there are several."""
     evals = [m["eval"] or {} for m in methods]
     headline = _headline(evals)
-    columns = ["method", "steps", "median step (s)", "tokens/s", "peak RSS (MB)", "final loss", "speedup",
-               "eval loss", f"eval {headline}"]
+    columns = [
+        "method",
+        "steps",
+        "median step (s)",
+        "tokens/s",
+        "peak RSS (MB)",
+        "final loss",
+        "speedup",
+        "eval loss",
+        f"eval {headline}",
+    ]
     roofline = any("achieved_gflops" in m for m in methods)
     if roofline:
         columns.insert(4, "GFLOP/s (of limit)")
@@ -112,19 +134,38 @@ def _main(methods: list[dict], baseline: str) -> BenchTable:
     for m, e in zip(methods, evals):
         spread = m.get("std", {})
         eval_spread = spread.get("eval") or {}
-        rows.append([m["name"], f"{m['steps']:g}", f"{m['median_step_time_s']:.3f}", f"{m['tokens_per_s']:.0f}",
-                     *([_roofline(m)] if roofline else []),
-                     f"{m['peak_mem_mb']:.0f}", _pm(m["final_loss"], spread.get("final_loss"), "{:.4f}"),
-                     f"{m['speedup']:.2f}x", _pm(e.get("loss"), eval_spread.get("loss"), "{:.4f}"),
-                     _pm(e.get(headline), eval_spread.get(headline), "{:.3f}")])
+        rows.append(
+            [
+                m["name"],
+                f"{m['steps']:g}",
+                f"{m['median_step_time_s']:.3f}",
+                f"{m['tokens_per_s']:.0f}",
+                *([_roofline(m)] if roofline else []),
+                f"{m['peak_mem_mb']:.0f}",
+                _pm(m["final_loss"], spread.get("final_loss"), "{:.4f}"),
+                f"{m['speedup']:.2f}x",
+                _pm(e.get("loss"), eval_spread.get("loss"), "{:.4f}"),
+                _pm(e.get(headline), eval_spread.get(headline), "{:.3f}"),
+            ]
+        )
     return BenchTable(f"Per method (medians over the timed steps; speedup against {baseline})", columns, rows)
 
 
 def _per_seed(methods: list[dict]) -> BenchTable:
     headline = _headline([s["eval"] or {} for m in methods for s in m["seeds"]])
-    rows = [[m["name"], str(s["seed"]), str(s["steps"]), f"{s['train_time_s']:.1f}", f"{s['final_loss']:.4f}",
-             _cell((s["eval"] or {}).get("loss"), "{:.4f}"), _cell((s["eval"] or {}).get(headline), "{:.3f}")]
-            for m in methods for s in m["seeds"]]
+    rows = [
+        [
+            m["name"],
+            str(s["seed"]),
+            str(s["steps"]),
+            f"{s['train_time_s']:.1f}",
+            f"{s['final_loss']:.4f}",
+            _cell((s["eval"] or {}).get("loss"), "{:.4f}"),
+            _cell((s["eval"] or {}).get(headline), "{:.3f}"),
+        ]
+        for m in methods
+        for s in m["seeds"]
+    ]
     columns = ["method", "seed", "steps", "train time (s)", "final loss", "eval loss", f"eval {headline}"]
     return BenchTable("Per seed", columns, rows)
 
@@ -137,20 +178,45 @@ def _pm(value: float | None, spread: float | None, template: str) -> str:
 
 def _split(methods: list[dict]) -> BenchTable:
     """Methods whose steps have a forward and a backward pass (not mezo, not hf-trainer's own loop)."""
-    rows = [[m["name"], f"{m['median_forward_s']:.3f}", f"{m['median_backward_s']:.3f}",
-             _cell(m.get("ideal_speedup"), "{:.2f}x"), _cell(m.get("efficiency"), "{:.2f}")]
-            for m in methods if "median_forward_s" in m]
+    rows = [
+        [
+            m["name"],
+            f"{m['median_forward_s']:.3f}",
+            f"{m['median_backward_s']:.3f}",
+            _cell(m.get("ideal_speedup"), "{:.2f}x"),
+            _cell(m.get("efficiency"), "{:.2f}"),
+        ]
+        for m in methods
+        if "median_forward_s" in m
+    ]
     columns = ["method", "forward (s)", "backward (s)", "ideal speedup", "efficiency"]
     return BenchTable("Forward and backward (medians)", columns, rows)
 
 
 def _simulated(methods: list[dict], recipe: Recipe) -> BenchTable:
-    columns = ["method", "sim step (ms)", "NPU lane (ms)", "CPU lane (ms)", "GPU trainer (ms)", "CPU trainer (ms)",
-               "sim energy (mJ/step)", "NPU util", "sim speedup"]
-    rows = [[m["name"], f"{m['sim_median_step_time_s'] * 1e3:.2f}",
-             *(_milliseconds(m.get(f"sim_median_{key}_s")) for key in ("npu", "cpu", "gpu_trainer", "cpu_trainer")),
-             f"{m['sim_median_energy_j'] * 1e3:.1f}", f"{m['npu_util']:.2f}", f"{m['sim_speedup']:.2f}x"]
-            for m in methods if "sim_median_step_time_s" in m]
+    columns = [
+        "method",
+        "sim step (ms)",
+        "NPU lane (ms)",
+        "CPU lane (ms)",
+        "GPU trainer (ms)",
+        "CPU trainer (ms)",
+        "sim energy (mJ/step)",
+        "NPU util",
+        "sim speedup",
+    ]
+    rows = [
+        [
+            m["name"],
+            f"{m['sim_median_step_time_s'] * 1e3:.2f}",
+            *(_milliseconds(m.get(f"sim_median_{key}_s")) for key in ("npu", "cpu", "gpu_trainer", "cpu_trainer")),
+            f"{m['sim_median_energy_j'] * 1e3:.1f}",
+            f"{m['npu_util']:.2f}",
+            f"{m['sim_speedup']:.2f}x",
+        ]
+        for m in methods
+        if "sim_median_step_time_s" in m
+    ]
     title = f"Simulated on-device (npu-sim, {recipe.npu_sim.device}, {recipe.npu_sim.weights} weights)"
     return BenchTable(title, columns, rows)
 

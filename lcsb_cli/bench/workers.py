@@ -35,7 +35,8 @@ def lcsb_worker(conn, recipe_dict: dict) -> None:
             row = trainer.step(arg)
             batches = [trainer.batches.batch(arg * trainer.grad_accum + i) for i in range(trainer.grad_accum)]
             conn.send({**row, "model_flops": flops.step(batches)})
-        elif command == "roofline":  # in this process, at its thread count, at the first batch's token count
+        # in this process, at its thread count, at the first batch's token count
+        elif command == "roofline":
             conn.send(probe_matmul(shape, trainer.batches.batch(0)["input_ids"].numel()))
         elif command == "eval":
             conn.send(_evaluate(loaded.model, loaded.tokenizer, recipe))
@@ -68,8 +69,10 @@ def hf_trainer_worker(conn, recipe_dict: dict, bf16: bool, total: int) -> None:
     torch.manual_seed(recipe.train.seed)
     loaded = load_model(recipe, torch.device("cpu"))
     stream = build_train_batches(recipe, loaded.tokenizer)
-    order = [i for step in range(total) for i in stream.indices(step)]  # the same examples, step for step
-    shape = ModelShape.of(loaded.model.config, recipe)  # the LM head runs on every position in HF's loss
+    # the same examples, step for step
+    order = [i for step in range(total) for i in stream.indices(step)]
+    # the LM head runs on every position in HF's loss
+    shape = ModelShape.of(loaded.model.config, recipe)
     flops = StepFlops(shape, plan_for(replace_key(recipe, "method", "full-backprop"), shape.layers), full_logits=True)
 
     class Timed(TrainerCallback):
@@ -83,26 +86,52 @@ def hf_trainer_worker(conn, recipe_dict: dict, bf16: bool, total: int) -> None:
         def on_log(self, args, state, control, logs=None, **kwargs):
             if logs and "loss" in logs:
                 step = state.global_step
-                rows = [stream.dataset[i] for i in order[(step - 1) * recipe.train.batch_size:
-                                                         step * recipe.train.batch_size]]
+                rows = [
+                    stream.dataset[i]
+                    for i in order[(step - 1) * recipe.train.batch_size : step * recipe.train.batch_size]
+                ]
                 tokens = sum(len(row["input_ids"]) for row in rows)
-                conn.send({"step": step, "loss": logs["loss"], "step_time_s": self.elapsed, "tokens": tokens,
-                           "tokens_per_s": tokens / self.elapsed, "peak_mem_mb": peak_rss_mb(),
-                           "model_flops": flops.step([collate(rows, loaded.tokenizer.pad_token_id)])})
+                conn.send(
+                    {
+                        "step": step,
+                        "loss": logs["loss"],
+                        "step_time_s": self.elapsed,
+                        "tokens": tokens,
+                        "tokens_per_s": tokens / self.elapsed,
+                        "peak_mem_mb": peak_rss_mb(),
+                        "model_flops": flops.step([collate(rows, loaded.tokenizer.pad_token_id)]),
+                    }
+                )
 
     class InOrder(Trainer):
         def _get_train_sampler(self, train_dataset=None):
             return torch.utils.data.SequentialSampler(self.train_dataset)
 
     args = TrainingArguments(
-        output_dir=tempfile.mkdtemp(prefix="lcsb-hf-trainer-"), per_device_train_batch_size=recipe.train.batch_size,
-        max_steps=total, learning_rate=recipe.train.lr, logging_steps=1, save_strategy="no", report_to=[],
-        use_cpu=True, bf16=bf16, disable_tqdm=True, dataloader_num_workers=0, seed=recipe.train.seed,
+        output_dir=tempfile.mkdtemp(prefix="lcsb-hf-trainer-"),
+        per_device_train_batch_size=recipe.train.batch_size,
+        max_steps=total,
+        learning_rate=recipe.train.lr,
+        logging_steps=1,
+        save_strategy="no",
+        report_to=[],
+        use_cpu=True,
+        bf16=bf16,
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+        seed=recipe.train.seed,
     )
-    dataset = datasets.Dataset.from_list([stream.dataset[i] for i in order])  # what HF Trainer users hand it
-    trainer = InOrder(model=loaded.model, args=args, train_dataset=dataset, callbacks=[Timed()],
-                      data_collator=lambda rows: collate(rows, loaded.tokenizer.pad_token_id))
-    trainer.remove_callback(PrinterCallback)  # its per-step log lines would interleave with the bench display
+    # what HF Trainer users hand it
+    dataset = datasets.Dataset.from_list([stream.dataset[i] for i in order])
+    trainer = InOrder(
+        model=loaded.model,
+        args=args,
+        train_dataset=dataset,
+        callbacks=[Timed()],
+        data_collator=lambda rows: collate(rows, loaded.tokenizer.pad_token_id),
+    )
+    # its per-step log lines would interleave with the bench display
+    trainer.remove_callback(PrinterCallback)
     conn.send({"setup_mem_mb": peak_rss_mb()})
     trainer.train()
     while True:
@@ -111,7 +140,8 @@ def hf_trainer_worker(conn, recipe_dict: dict, bf16: bool, total: int) -> None:
             conn.send(_evaluate(loaded.model, loaded.tokenizer, recipe))
         elif command == "save":
             conn.send(_save(loaded.model, arg))
-        elif command == "memory":  # HF's own loss and loop: the engine's probes see none of it
+        # HF's own loss and loop: the engine's probes see none of it
+        elif command == "memory":
             conn.send(None)
         else:
             conn.send(None)
@@ -124,8 +154,12 @@ def _stretched_schedule(recipe, trainer, total: int):
     from transformers import get_scheduler
 
     done = trainer.lr_scheduler.last_epoch
-    schedule = get_scheduler(recipe.train.lr_scheduler, trainer.optimizer, num_warmup_steps=recipe.train.warmup_steps,
-                             num_training_steps=total)
+    schedule = get_scheduler(
+        recipe.train.lr_scheduler,
+        trainer.optimizer,
+        num_warmup_steps=recipe.train.warmup_steps,
+        num_training_steps=total,
+    )
     schedule.lr_lambdas = [functools.partial(_held, rate, total - 1) for rate in schedule.lr_lambdas]
     for _ in range(done):
         schedule.step()

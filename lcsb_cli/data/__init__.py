@@ -10,8 +10,20 @@ from .lamp2 import TAGS
 from .lamp2_task import user_profile_questions, user_tasks, users
 from .task import TaskData
 
-__all__ = ["FORMATS", "TAGS", "BatchStream", "Format", "TaskData", "build_train_batches", "format_of", "load_task",
-           "token_rows", "user_profile_questions", "user_tasks", "users"]
+__all__ = [
+    "FORMATS",
+    "TAGS",
+    "BatchStream",
+    "Format",
+    "TaskData",
+    "build_train_batches",
+    "format_of",
+    "load_task",
+    "token_rows",
+    "user_profile_questions",
+    "user_tasks",
+    "users",
+]
 
 
 def load_task(recipe: Recipe, tokenizer) -> TaskData:
@@ -23,8 +35,9 @@ def token_rows(recipe: Recipe, tokenizer, items: list) -> list[dict]:
     return format_of(recipe).rows(recipe, tokenizer, items)
 
 
-def build_train_batches(recipe: Recipe, tokenizer, task: TaskData | None = None,
-                        shard: tuple[int, int] = (0, 1)) -> BatchStream:
+def build_train_batches(
+    recipe: Recipe, tokenizer, task: TaskData | None = None, shard: tuple[int, int] = (0, 1)
+) -> BatchStream:
     task = load_task(recipe, tokenizer) if task is None else task
     rows = token_rows(recipe, tokenizer, task.train)
     return BatchStream(rows, recipe.train.batch_size, recipe.train.seed, tokenizer.pad_token_id, shard)

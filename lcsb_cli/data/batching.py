@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -33,8 +34,9 @@ class BatchStream:
     [i*B*W, (i+1)*B*W) and rank r takes its r-th B: together the ranks see what one process with batch B*W sees.
     """
 
-    def __init__(self, dataset: Sequence[dict] | Any, batch_size: int, seed: int, pad_id: int,
-                 shard: tuple[int, int] = (0, 1)):
+    def __init__(
+        self, dataset: Sequence[dict] | Any, batch_size: int, seed: int, pad_id: int, shard: tuple[int, int] = (0, 1)
+    ):
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         if len(dataset) == 0:

@@ -35,13 +35,16 @@ class Format:
         return lamp2_dataset(tokenizer, items, recipe.data.max_length, recipe.data.profile_k)
 
 
-FORMATS = {f.name: f for f in (
-    Format("lamp2", "LaMP_2", load_lamp2_task, labelled=True),
-    Format("jsonl", "personal", load_personal_task, labelled=True),
-    Format("text", "text", load_lm_task, encoded=True),
-    Format("completion", "completion", load_lm_task, encoded=True, generative=True),
-    Format("chat", "chat", load_lm_task, encoded=True, generative=True),
-)}
+FORMATS = {
+    f.name: f
+    for f in (
+        Format("lamp2", "LaMP_2", load_lamp2_task, labelled=True),
+        Format("jsonl", "personal", load_personal_task, labelled=True),
+        Format("text", "text", load_lm_task, encoded=True),
+        Format("completion", "completion", load_lm_task, encoded=True, generative=True),
+        Format("chat", "chat", load_lm_task, encoded=True, generative=True),
+    )
+}
 
 
 def format_of(recipe: Recipe) -> Format:

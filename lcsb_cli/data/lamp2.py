@@ -3,16 +3,29 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from ..errors import BadInput
 
 TAGS: tuple[str, ...] = (
-    "sci-fi", "based on a book", "comedy", "action", "twist ending", "dystopia", "dark comedy",
-    "classic", "psychology", "fantasy", "romance", "thought-provoking", "social commentary",
-    "violence", "true story",
+    "sci-fi",
+    "based on a book",
+    "comedy",
+    "action",
+    "twist ending",
+    "dystopia",
+    "dark comedy",
+    "classic",
+    "psychology",
+    "fantasy",
+    "romance",
+    "thought-provoking",
+    "social commentary",
+    "violence",
+    "true story",
 )
 QUESTION = (
     "Which tag does this movie relate to among the following tags? "
@@ -54,7 +67,7 @@ def _description_start(text: str) -> tuple[int, int]:
 def split_input(text: str) -> tuple[list[str], str]:
     """(tags in the order given inside the brackets, description)."""
     start, desc = _description_start(text)
-    inside = text[start + len(_TAGS_OPEN): text.find("]", start)]
+    inside = text[start + len(_TAGS_OPEN) : text.find("]", start)]
     tags = [tag.strip() for tag in inside.split(",") if tag.strip()]
     return tags, text[desc:].strip()
 
@@ -82,7 +95,7 @@ def _as_id(value: Any) -> str | None:
 def _question(path: Path, index: int, item: Any) -> LampQuestion:
     where = f"{path}: question at index {index}"
     if not isinstance(item, dict) or _as_id(item.get("id")) is None or not isinstance(item.get("input"), str):
-        raise BadInput(f"{where}: expected an object with string \"id\" and \"input\"; fix that entry")
+        raise BadInput(f'{where}: expected an object with string "id" and "input"; fix that entry')
     qid = _as_id(item["id"])
     where = f"{path}: question id {qid!r} (index {index})"
     try:
@@ -91,10 +104,9 @@ def _question(path: Path, index: int, item: Any) -> LampQuestion:
         raise BadInput(f"{where}: {err}; use the official LaMP-2 question text") from None
     profile = item.get("profile", [])
     if not isinstance(profile, list) or not all(
-        isinstance(p, dict) and isinstance(p.get("tag"), str) and isinstance(p.get("description"), str)
-        for p in profile
+        isinstance(p, dict) and isinstance(p.get("tag"), str) and isinstance(p.get("description"), str) for p in profile
     ):
-        raise BadInput(f"{where}: \"profile\" must be a list of objects with string \"tag\" and \"description\"")
+        raise BadInput(f'{where}: "profile" must be a list of objects with string "tag" and "description"')
     user = item.get("user_id")
     return LampQuestion(qid, item["input"], tuple(profile), None if user is None else str(user), None)
 
@@ -102,14 +114,14 @@ def _question(path: Path, index: int, item: Any) -> LampQuestion:
 def _golds(path: Path) -> dict[str, str]:
     data = _read_json(path)
     if not isinstance(data, dict) or not isinstance(data.get("golds"), list):
-        raise BadInput(f"{path}: expected {{\"task\": \"LaMP_2\", \"golds\": [...]}}; is this a LaMP outputs file?")
+        raise BadInput(f'{path}: expected {{"task": "LaMP_2", "golds": [...]}}; is this a LaMP outputs file?')
     if data.get("task", "LaMP_2") != "LaMP_2":
         raise BadInput(f"{path}: task is {data['task']!r}, expected 'LaMP_2'; point the recipe at LaMP-2 outputs")
     golds: dict[str, str] = {}
     for index, gold in enumerate(data["golds"]):
         gid = _as_id(gold.get("id")) if isinstance(gold, dict) else None
         if gid is None or not isinstance(gold.get("output"), str):
-            raise BadInput(f"{path}: gold at index {index}: expected {{\"id\", \"output\"}} with string output")
+            raise BadInput(f'{path}: gold at index {index}: expected {{"id", "output"}} with string output')
         if gold["output"].strip() not in TAGS:
             raise BadInput(
                 f"{path}: gold id {gid!r} (index {index}): {gold['output']!r} is not one of the 15 LaMP-2 tags; "
@@ -247,8 +259,10 @@ def profile_questions(question: LampQuestion) -> list[LampQuestion]:
     items = question.profile
     return [
         LampQuestion(
-            id=str(item["id"]), input=format_input(TAGS, item["description"]),
-            profile=tuple(other for other in items if other is not item), user_id=user_of(question),
+            id=str(item["id"]),
+            input=format_input(TAGS, item["description"]),
+            profile=tuple(other for other in items if other is not item),
+            user_id=user_of(question),
             output=item["tag"],
         )
         for item in items

@@ -59,8 +59,10 @@ def train_questions(recipe: Recipe) -> list[LampQuestion]:
 def user_tasks(recipe: Recipe) -> dict[str, TaskData]:
     """LaMP-2 per-user runs (data.user: all): each user's profile items to train on and questions to evaluate,
     from one read of the questions file."""
-    return {user: TaskData("lamp2", user_profile_questions(questions), questions, TAGS)
-            for user, questions in users(recipe).items()}
+    return {
+        user: TaskData("lamp2", user_profile_questions(questions), questions, TAGS)
+        for user, questions in users(recipe).items()
+    }
 
 
 def user_profile_questions(questions: list[LampQuestion]) -> list[LampQuestion]:

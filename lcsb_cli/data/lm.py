@@ -24,14 +24,16 @@ from ..errors import BadInput
 from .lamp2 import bos_ids
 from .task import TaskData
 
-SPLIT_SEED = 0  # data.eval_fraction draws the same held-out items on every run, whatever train.seed is
+# data.eval_fraction draws the same held-out items on every run, whatever train.seed is
+SPLIT_SEED = 0
 _PROBLEM = "problem"
 
 
 @dataclass
 class LmSplit:
     rows: list[dict]
-    skipped: list[tuple[int, str]]  # (line number, reason) of lines skipped under data.on_bad_line: skip
+    # (line number, reason) of lines skipped under data.on_bad_line: skip
+    skipped: list[tuple[int, str]]
 
 
 def load_lm_task(recipe, tokenizer: Any) -> TaskData:
@@ -43,12 +45,19 @@ def load_lm_task(recipe, tokenizer: Any) -> TaskData:
         held_out = load_lm_split(data.eval, data.format, tokenizer, data.max_length, data.on_bad_line)
         return TaskData(data.format, train.rows, held_out.rows, None, train.skipped + held_out.skipped)
     if len(train.rows) < 2:
-        raise BadInput(f"data.eval_fraction: {data.train} gives {len(train.rows)} example; a held-out split needs "
-                       "at least 2 (or give data.eval)")
+        raise BadInput(
+            f"data.eval_fraction: {data.train} gives {len(train.rows)} example; a held-out split needs "
+            "at least 2 (or give data.eval)"
+        )
     order = _seeded_order(len(train.rows))
-    held = set(order[:min(max(1, round(len(order) * data.eval_fraction)), len(order) - 1)])
-    return TaskData(data.format, [r for i, r in enumerate(train.rows) if i not in held],
-                    [r for i, r in enumerate(train.rows) if i in held], None, train.skipped)
+    held = set(order[: min(max(1, round(len(order) * data.eval_fraction)), len(order) - 1)])
+    return TaskData(
+        data.format,
+        [r for i, r in enumerate(train.rows) if i not in held],
+        [r for i, r in enumerate(train.rows) if i in held],
+        None,
+        train.skipped,
+    )
 
 
 def _seeded_order(n: int) -> list[int]:
@@ -69,11 +78,14 @@ def load_lm_split(path: str, fmt: str, tokenizer: Any, max_length: int, on_bad_l
     if not file.read_bytes().strip():
         raise BadInput(f"{file}: the file is empty; {_EXPECTED[fmt]}")
     if fmt == "chat" and not getattr(tokenizer, "chat_template", None):
-        raise BadInput("data.format: chat needs a tokenizer with a chat template; this model's tokenizer has none "
-                       "(use format completion, or a model whose tokenizer_config.json has chat_template)")
+        raise BadInput(
+            "data.format: chat needs a tokenizer with a chat template; this model's tokenizer has none "
+            "(use format completion, or a model whose tokenizer_config.json has chat_template)"
+        )
     plain_text = fmt == "text" and file.suffix != ".jsonl"
-    lines = datasets.load_dataset("text", data_files=str(file), split="train",
-                         sample_by="paragraph" if plain_text else "line")
+    lines = datasets.load_dataset(
+        "text", data_files=str(file), split="train", sample_by="paragraph" if plain_text else "line"
+    )
     encoder = _Encoder(fmt, tokenizer, max_length, plain_text)
     encoded = lines.map(encoder, with_indices=True, remove_columns=["text"], desc=f"tokenizing {file.name}")
     problems = [(i + 1, p) for i, p in enumerate(encoded[_PROBLEM]) if p]
@@ -91,9 +103,9 @@ def load_lm_split(path: str, fmt: str, tokenizer: Any, max_length: int, on_bad_l
 
 
 _EXPECTED = {
-    "text": "expected plain text, or JSONL with {\"text\"} per line",
-    "completion": "expected JSONL with {\"prompt\", \"completion\"} per line",
-    "chat": "expected JSONL with {\"messages\": [{\"role\", \"content\"}, ...]} per line",
+    "text": 'expected plain text, or JSONL with {"text"} per line',
+    "completion": 'expected JSONL with {"prompt", "completion"} per line',
+    "chat": 'expected JSONL with {"messages": [{"role", "content"}, ...]} per line',
 }
 
 
@@ -128,25 +140,39 @@ class _Encoder:
         prompt = bos_ids(self.tokenizer) + self._ids(_string(item, "prompt"))
         target = self._ids(_string(item, "completion")) + [self.tokenizer.eos_token_id]
         if len(prompt) >= self.max_length:
-            raise ValueError(f"the prompt is {len(prompt)} tokens, which leaves no room for the completion within "
-                             f"data.max_length={self.max_length}; shorten it or raise data.max_length")
+            raise ValueError(
+                f"the prompt is {len(prompt)} tokens, which leaves no room for the completion within "
+                f"data.max_length={self.max_length}; shorten it or raise data.max_length"
+            )
         target = target[: self.max_length - len(prompt)]
-        return {"input_ids": prompt + target, "labels": [-100] * len(prompt) + target, "prompt_ids": prompt,
-                "reference": item["completion"].strip()}
+        return {
+            "input_ids": prompt + target,
+            "labels": [-100] * len(prompt) + target,
+            "prompt_ids": prompt,
+            "reference": item["completion"].strip(),
+        }
 
     def _chat(self, item: dict) -> dict:
         messages = _messages(item)
         text, spans = assistant_spans(self.tokenizer, messages)
         encoded = self.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
         ids = list(encoded["input_ids"])[: self.max_length]
-        labels = [token if any(a <= start < b for a, b in spans) else -100
-                  for token, (start, _) in zip(ids, encoded["offset_mapping"])]
+        labels = [
+            token if any(a <= start < b for a, b in spans) else -100
+            for token, (start, _) in zip(ids, encoded["offset_mapping"])
+        ]
         if all(label == -100 for label in labels):
-            raise ValueError(f"no assistant token falls within data.max_length={self.max_length}; shorten the "
-                             "conversation or raise data.max_length")
+            raise ValueError(
+                f"no assistant token falls within data.max_length={self.max_length}; shorten the "
+                "conversation or raise data.max_length"
+            )
         last = max(i for i, m in enumerate(messages) if m["role"] == "assistant")
-        return {"input_ids": ids, "labels": labels, "prompt_ids": chat_prompt(self.tokenizer, messages[:last]),
-                "reference": messages[last]["content"].strip()}
+        return {
+            "input_ids": ids,
+            "labels": labels,
+            "prompt_ids": chat_prompt(self.tokenizer, messages[:last]),
+            "reference": messages[last]["content"].strip(),
+        }
 
 
 def _parse(raw: str) -> dict:
@@ -162,18 +188,21 @@ def _parse(raw: str) -> dict:
 def _string(item: dict, key: str) -> str:
     value = item.get(key)
     if not isinstance(value, str) or not value.strip():
-        raise ValueError(f"\"{key}\" must be a non-empty string")
+        raise ValueError(f'"{key}" must be a non-empty string')
     return value
 
 
 def _messages(item: dict) -> list[dict]:
     messages = item.get("messages")
     if not isinstance(messages, list) or not messages:
-        raise ValueError("\"messages\" must be a non-empty list of {\"role\", \"content\"}")
+        raise ValueError('"messages" must be a non-empty list of {"role", "content"}')
     for index, message in enumerate(messages):
-        if not isinstance(message, dict) or not isinstance(message.get("role"), str) \
-                or not isinstance(message.get("content"), str):
-            raise ValueError(f"message {index} must be an object with string \"role\" and \"content\"")
+        if (
+            not isinstance(message, dict)
+            or not isinstance(message.get("role"), str)
+            or not isinstance(message.get("content"), str)
+        ):
+            raise ValueError(f'message {index} must be an object with string "role" and "content"')
     if not any(m["role"] == "assistant" for m in messages):
         raise ValueError("the conversation has no assistant turn, so nothing to learn from")
     return [{"role": m["role"], "content": m["content"]} for m in messages]
@@ -194,8 +223,10 @@ def assistant_spans(tokenizer: Any, messages: list[dict]) -> tuple[str, list[tup
         before = _render(tokenizer, messages[:i], True) if i else ""
         upto = _render(tokenizer, messages[: i + 1], False)
         if not (upto.startswith(before) and text.startswith(upto)):
-            raise ValueError("the tokenizer's chat template does not render a conversation as the sum of its turns, "
-                             "so the assistant turns cannot be located; use format completion")
+            raise ValueError(
+                "the tokenizer's chat template does not render a conversation as the sum of its turns, "
+                "so the assistant turns cannot be located; use format completion"
+            )
         spans.append((len(before), len(upto)))
     return text, spans
 
@@ -213,6 +244,6 @@ class _Packer:
 
     def __call__(self, batch: dict) -> dict:
         stream = [token for ids in batch["input_ids"] for token in ids]
-        windows = [stream[i: i + self.max_length] for i in range(0, len(stream), self.max_length)]
+        windows = [stream[i : i + self.max_length] for i in range(0, len(stream), self.max_length)]
         windows = [w for w in windows if len(w) > 1]
         return {"id": [f"window-{i}" for i in range(len(windows))], "input_ids": windows, "labels": windows}

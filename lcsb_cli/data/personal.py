@@ -10,10 +10,11 @@ from __future__ import annotations
 import json
 import math
 from bisect import bisect_left
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from ..errors import BadInput
 from .lamp2 import LampQuestion
@@ -21,7 +22,8 @@ from .task import TaskData
 
 PROMPT = "Which category does this item belong to among the following categories? Just answer with the category name."
 ON_BAD_LINE = ("error", "skip")
-_LABEL_BREAKERS = (",", "[", "]")  # would break the `tags: [a, b]` list
+# would break the `tags: [a, b]` list
+_LABEL_BREAKERS = (",", "[", "]")
 
 
 @dataclass(frozen=True)
@@ -29,15 +31,18 @@ class PersonalExample:
     id: str
     text: str
     label: str
-    timestamp: float  # POSIX seconds, UTC
+    # POSIX seconds, UTC
+    timestamp: float
     user: str | None
-    line: int  # 1-based line in the source file
+    # 1-based line in the source file
+    line: int
 
 
 @dataclass(frozen=True)
 class PersonalData:
     examples: list[PersonalExample]
-    skipped: list[tuple[int, str]]  # (1-based line, reason)
+    # (1-based line, reason)
+    skipped: list[tuple[int, str]]
     labels: tuple[str, ...]
 
 
@@ -59,7 +64,7 @@ def _parse_timestamp(value: Any) -> float:
             raise ValueError(f"timestamp {value!r} is not a finite number")
         return float(value)
     if not isinstance(value, str):
-        raise ValueError("\"timestamp\" must be epoch seconds or an ISO-8601 string")
+        raise ValueError('"timestamp" must be epoch seconds or an ISO-8601 string')
     text = value.strip()
     try:
         moment = datetime.fromisoformat(text[:-1] + "+00:00" if text.endswith(("Z", "z")) else text)
@@ -73,7 +78,7 @@ def _parse_timestamp(value: Any) -> float:
 def _field(item: dict, name: str) -> str:
     value = item.get(name)
     if not isinstance(value, str) or not value.strip():
-        raise ValueError(f"\"{name}\" must be a non-empty string")
+        raise ValueError(f'"{name}" must be a non-empty string')
     return value.strip()
 
 
@@ -84,7 +89,7 @@ def _parse_line(raw: str, line: int, labels: Sequence[str] | None) -> PersonalEx
     except json.JSONDecodeError as err:
         raise ValueError(f"invalid JSON ({err.msg} at column {err.colno})") from None
     if not isinstance(item, dict):
-        raise ValueError("expected a JSON object with \"id\", \"text\", \"label\" and \"timestamp\"")
+        raise ValueError('expected a JSON object with "id", "text", "label" and "timestamp"')
     example_id, text, label = _field(item, "id"), _field(item, "text"), _field(item, "label")
     if labels is not None and label not in labels:
         raise ValueError(f"label {label!r} is not one of the recipe's labels ({', '.join(labels)})")
@@ -92,11 +97,11 @@ def _parse_line(raw: str, line: int, labels: Sequence[str] | None) -> PersonalEx
     if problem:
         raise ValueError(problem)
     if "timestamp" not in item:
-        raise ValueError("\"timestamp\" is missing")
+        raise ValueError('"timestamp" is missing')
     timestamp = _parse_timestamp(item["timestamp"])
     user = item.get("user")
     if user is not None and not isinstance(user, str):
-        raise ValueError("\"user\" must be a string when given")
+        raise ValueError('"user" must be a string when given')
     return PersonalExample(example_id, text, label, timestamp, user, line)
 
 
@@ -123,9 +128,7 @@ def _check_labels(labels: Sequence[str], where: str) -> tuple[str, ...]:
     return result
 
 
-def load_personal(
-    path: str | Path, on_bad_line: str = "error", labels: Sequence[str] | None = None
-) -> PersonalData:
+def load_personal(path: str | Path, on_bad_line: str = "error", labels: Sequence[str] | None = None) -> PersonalData:
     """Examples of a JSONL file; a bad line raises BadInput ("error") or is recorded in `skipped` ("skip").
 
     `labels` (from the recipe) fixes the label set and order; without it the sorted labels of the valid
@@ -153,8 +156,10 @@ def load_personal(
         seen[example.id] = number
         examples.append(example)
     if not examples:
-        raise BadInput(f"{path}: no valid example ({len(skipped)} bad lines skipped); expected JSONL with "
-                       "{\"id\", \"text\", \"label\", \"timestamp\"} per line")
+        raise BadInput(
+            f"{path}: no valid example ({len(skipped)} bad lines skipped); expected JSONL with "
+            '{"id", "text", "label", "timestamp"} per line'
+        )
     final = given if given is not None else _check_labels(sorted({e.label for e in examples}), f"{path}: labels found")
     return PersonalData(examples, skipped, final)
 
@@ -175,8 +180,10 @@ def time_split(
     n_eval = min(max(1, math.ceil(round(len(ordered) * eval_fraction, 9))), len(ordered) - 1)
     cut = bisect_left([e.timestamp for e in ordered], ordered[len(ordered) - n_eval].timestamp)
     if cut == 0:
-        raise BadInput(f"the newest {n_eval} examples share their timestamp with all older ones, so no example is "
-                       "strictly older than the eval set; check the timestamps or lower the eval fraction")
+        raise BadInput(
+            f"the newest {n_eval} examples share their timestamp with all older ones, so no example is "
+            "strictly older than the eval set; check the timestamps or lower the eval fraction"
+        )
     return ordered[:cut], ordered[cut:]
 
 
@@ -200,13 +207,19 @@ def load_personal_task(recipe, tokenizer=None) -> TaskData:
     train = _personal_file("data.train", data.train, data)
     if data.eval is None:
         older, newest = time_split(_of_user(train.examples, data.user, data.train), data.eval_fraction)
-        return TaskData("jsonl", to_questions(older, train.labels), to_questions(newest, train.labels), train.labels,
-                        train.skipped)
+        return TaskData(
+            "jsonl", to_questions(older, train.labels), to_questions(newest, train.labels), train.labels, train.skipped
+        )
     held_out = _personal_file("data.eval", data.eval, data, train.labels)
     train_examples = _of_user(train.examples, data.user, data.train)
     held_examples = _of_user(held_out.examples, data.user, data.eval)
-    return TaskData("jsonl", to_questions(train_examples, train.labels), to_questions(held_examples, train.labels),
-                    train.labels, train.skipped + held_out.skipped)
+    return TaskData(
+        "jsonl",
+        to_questions(train_examples, train.labels),
+        to_questions(held_examples, train.labels),
+        train.labels,
+        train.skipped + held_out.skipped,
+    )
 
 
 def _personal_file(key: str, path: str, data, labels: Sequence[str] | None = None) -> PersonalData:

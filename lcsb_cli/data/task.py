@@ -21,6 +21,8 @@ class TaskData:
 
     def need_held_out(self) -> list:
         if not self.held_out:
-            raise BadInput("data.eval: no held-out items to evaluate; give data.eval (LaMP-2: a *_questions.json "
-                           "with data.eval_labels)")
+            raise BadInput(
+                "data.eval: no held-out items to evaluate; give data.eval (LaMP-2: a *_questions.json "
+                "with data.eval_labels)"
+            )
         return self.held_out

@@ -11,8 +11,18 @@ from ..recipe import Recipe
 from .labels import lamp2_metrics, predict
 from .text import generate_answers, held_out_loss, text_metrics
 
-SUMMARY_KEYS = ("n", "loss", "perplexity", "accuracy", "macro_f1", "majority_accuracy", "out_of_label", "exact_match",
-                "rouge1", "rougeL")
+SUMMARY_KEYS = (
+    "n",
+    "loss",
+    "perplexity",
+    "accuracy",
+    "macro_f1",
+    "majority_accuracy",
+    "out_of_label",
+    "exact_match",
+    "rouge1",
+    "rougeL",
+)
 
 
 @contextlib.contextmanager
@@ -21,8 +31,9 @@ def silent(what: str, n: int):
     yield lambda done: None
 
 
-def evaluate_items(model, tokenizer, items: Sequence, recipe: Recipe, labels: Sequence[str] | None = None,
-                   phase=silent):
+def evaluate_items(
+    model, tokenizer, items: Sequence, recipe: Recipe, labels: Sequence[str] | None = None, phase=silent
+):
     """(predictions or None, metrics) of held-out items: LaMP questions or token rows of `recipe`'s format.
     `phase(what, n)` is a context manager around each pass that yields `advance(k)`, told as each k items are done
     (the CLI's progress display)."""
@@ -36,8 +47,9 @@ def evaluate_items(model, tokenizer, items: Sequence, recipe: Recipe, labels: Se
         return preds, {**lamp2_metrics([q.output for q in items], preds, labels), **metrics}
     if fmt.generative:
         with phase("generation", len(rows)) as advance:
-            preds = generate_answers(model, tokenizer, rows, recipe.eval.max_new_tokens, recipe.eval.batch_size,
-                                     recipe.eval.stop, advance)
+            preds = generate_answers(
+                model, tokenizer, rows, recipe.eval.max_new_tokens, recipe.eval.batch_size, recipe.eval.stop, advance
+            )
         return preds, {**text_metrics([row["reference"] for row in rows], preds), **metrics}
     return None, {"n": len(rows), **metrics}
 

@@ -48,15 +48,16 @@ def majority_accuracy(train_golds: Sequence[str], eval_golds: Sequence[str]) -> 
     return sum(g == majority for g in eval_golds) / len(eval_golds)
 
 
-def predict(model, tokenizer, questions: Sequence[LampQuestion], recipe: Recipe,
-            advance=lambda done: None) -> list[str]:
+def predict(
+    model, tokenizer, questions: Sequence[LampQuestion], recipe: Recipe, advance=lambda done: None
+) -> list[str]:
     """Each question's tag (score or generate mode), eval.batch_size questions a pass; `advance(k)` after each."""
     predictor = score_tags if recipe.eval.mode == "score" else generate_tags
     device = next(model.parameters()).device
     preds: list[str] = []
     with inference_mode(model):
         for start in range(0, len(questions), recipe.eval.batch_size):
-            chunk = questions[start:start + recipe.eval.batch_size]
+            chunk = questions[start : start + recipe.eval.batch_size]
             prompts = [prompt_ids(tokenizer, q, recipe) for q in chunk]
             preds += predictor(model, tokenizer, chunk, prompts, recipe, device)
             advance(len(chunk))
@@ -95,8 +96,9 @@ def candidate_answers(tokenizer, questions) -> tuple[list[list[int]], list[int],
     return answers, owners, tags
 
 
-def answer_logprobs(model, prompts: list[list[int]], answers: list[list[int]], owners: list[int], pad_id: int,
-                     device) -> torch.Tensor:
+def answer_logprobs(
+    model, prompts: list[list[int]], answers: list[list[int]], owners: list[int], pad_id: int, device
+) -> torch.Tensor:
     """Sum of log-probs of each answer after its prompt (`owners[i]` indexes prompts). Each prompt runs once,
     left-padded, keeping its KV cache and only its last position's logits; the answers then run from that cache,
     right-padded, as many at a time as keep their fp32 logits within LOGITS_BUDGET_BYTES (a 150k-token vocabulary
@@ -105,30 +107,54 @@ def answer_logprobs(model, prompts: list[list[int]], answers: list[list[int]], o
 
     ids, mask = left_padded(prompts, pad_id)
     positions = (mask.cumsum(1) - 1).clamp(min=0)
-    out = model(input_ids=ids.to(device), attention_mask=mask.to(device), position_ids=positions.to(device),
-                use_cache=True, logits_to_keep=1)
+    out = model(
+        input_ids=ids.to(device),
+        attention_mask=mask.to(device),
+        position_ids=positions.to(device),
+        use_cache=True,
+        logits_to_keep=1,
+    )
     prompt_pass = (out.logits[:, -1], out.cache, mask, positions)
     rows = max(1, LOGITS_BUDGET_BYTES // (max(map(len, answers)) * out.logits.shape[-1] * 4))
-    return torch.cat([_answers_from_cache(model, prompt_pass, answers[i:i + rows], owners[i:i + rows], pad_id, device,
-                                          keep_cache=rows < len(answers)) for i in range(0, len(answers), rows)])
+    return torch.cat(
+        [
+            _answers_from_cache(
+                model,
+                prompt_pass,
+                answers[i : i + rows],
+                owners[i : i + rows],
+                pad_id,
+                device,
+                keep_cache=rows < len(answers),
+            )
+            for i in range(0, len(answers), rows)
+        ]
+    )
 
 
-def _answers_from_cache(model, prompt_pass, answers: list[list[int]], owners: list[int], pad_id: int, device,
-                        keep_cache: bool) -> torch.Tensor:
+def _answers_from_cache(
+    model, prompt_pass, answers: list[list[int]], owners: list[int], pad_id: int, device, keep_cache: bool
+) -> torch.Tensor:
     last_logits, cache, mask, positions = prompt_pass
     owner = torch.tensor(owners)
-    cache = copy.deepcopy(cache) if keep_cache else cache  # the gather below is in place
+    # the gather below is in place
+    cache = copy.deepcopy(cache) if keep_cache else cache
     cache.batch_select_indices(owner.to(device))
     tail = max(map(len, answers))
     answer_ids = torch.full((len(answers), tail), pad_id, dtype=torch.long)
     answer_mask = torch.zeros_like(answer_ids)
     for i, answer in enumerate(answers):
-        answer_ids[i, :len(answer)] = torch.tensor(answer)
-        answer_mask[i, :len(answer)] = 1
-    logits = model(input_ids=answer_ids.to(device), attention_mask=torch.cat([mask[owner], answer_mask], 1).to(device),
-                   position_ids=(positions[owner, -1:] + 1 + torch.arange(tail)).to(device),
-                   cache=cache, use_cache=True).logits
-    predicting = torch.cat([last_logits[owner.to(device)].unsqueeze(1), logits[:, :-1]], 1).float()  # before each
+        answer_ids[i, : len(answer)] = torch.tensor(answer)
+        answer_mask[i, : len(answer)] = 1
+    logits = model(
+        input_ids=answer_ids.to(device),
+        attention_mask=torch.cat([mask[owner], answer_mask], 1).to(device),
+        position_ids=(positions[owner, -1:] + 1 + torch.arange(tail)).to(device),
+        cache=cache,
+        use_cache=True,
+    ).logits
+    # before each
+    predicting = torch.cat([last_logits[owner.to(device)].unsqueeze(1), logits[:, :-1]], 1).float()
     picked = predicting.gather(-1, answer_ids.to(device).unsqueeze(-1)).squeeze(-1) - predicting.logsumexp(-1)
     return (picked * answer_mask.to(device)).sum(-1).cpu()
 
@@ -138,5 +164,9 @@ def generate_tags(model, tokenizer, questions, prompts, recipe, device) -> list[
     setting."""
     from ..generate import generate_texts
 
-    return [text.strip() for text in generate_texts(model, tokenizer, prompts, recipe.eval.max_new_tokens,
-                                                     stop=["\n", *recipe.eval.stop])]
+    return [
+        text.strip()
+        for text in generate_texts(
+            model, tokenizer, prompts, recipe.eval.max_new_tokens, stop=["\n", *recipe.eval.stop]
+        )
+    ]

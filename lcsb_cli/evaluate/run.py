@@ -25,15 +25,17 @@ def write_results(output: Path, result: dict, predictions: dict | None) -> None:
             write_json_atomic(run.predictions, predictions)
 
 
-def run_eval(recipe: Recipe, output: Path, adapter: Path | None = None, run_dir: Path | None = None,
-             phase=silent) -> dict:
+def run_eval(
+    recipe: Recipe, output: Path, adapter: Path | None = None, run_dir: Path | None = None, phase=silent
+) -> dict:
     """Evaluate the base model, an adapter, or (with `data.user: all`) each user's adapter of `run_dir`;
     write eval.json and predictions.json into `output`."""
     from ..backends import get_backend
     from ..data import load_task
     from ..model.load import load_model
 
-    RunDir(output).check_no_writer()  # before the evaluation, not after it
+    # before the evaluation, not after it
+    RunDir(output).check_no_writer()
     backend = get_backend(recipe.backend, recipe.npu_sim)
     loaded = load_model(recipe, backend.device, adapter)
     backend.prepare(loaded)
@@ -45,8 +47,14 @@ def run_eval(recipe: Recipe, output: Path, adapter: Path | None = None, run_dir:
         preds, metrics = evaluate_items(loaded.model, loaded.tokenizer, items, recipe, task.labels, phase)
         if task.labels is not None:
             metrics["majority_accuracy"] = majority_accuracy([q.output for q in task.train], [q.output for q in items])
-    result = {"task": format_of(recipe).task, "format": recipe.data.format, "mode": recipe.eval.mode,
-              **evaluated(recipe, adapter, run_dir), "profile_k": recipe.data.profile_k, **metrics}
+    result = {
+        "task": format_of(recipe).task,
+        "format": recipe.data.format,
+        "mode": recipe.eval.mode,
+        **evaluated(recipe, adapter, run_dir),
+        "profile_k": recipe.data.profile_k,
+        **metrics,
+    }
     write_results(output, result, None if preds is None else predictions_file(items, preds, format_of(recipe).task))
     return result
 
@@ -56,11 +64,21 @@ def evaluated(recipe: Recipe, adapter: Path | None, run_dir: Path | None) -> dic
     from ..recipe import to_dict
 
     per_user = recipe.data.user == "all" and run_dir is not None and adapter is None
-    what = (f"per-user adapters in {RunDir(run_dir).adapters}" if per_user else f"adapter {adapter}" if adapter
-            else f"base model {recipe.model.name}")
-    return {"evaluated": what, "model": recipe.model.name, "adapter": str(adapter) if adapter else None,
-            "adapters": str(RunDir(run_dir).adapters) if per_user else None,
-            "run_dir": str(run_dir) if run_dir else None, "recipe": to_dict(recipe)}
+    what = (
+        f"per-user adapters in {RunDir(run_dir).adapters}"
+        if per_user
+        else f"adapter {adapter}"
+        if adapter
+        else f"base model {recipe.model.name}"
+    )
+    return {
+        "evaluated": what,
+        "model": recipe.model.name,
+        "adapter": str(adapter) if adapter else None,
+        "adapters": str(RunDir(run_dir).adapters) if per_user else None,
+        "run_dir": str(run_dir) if run_dir else None,
+        "recipe": to_dict(recipe),
+    }
 
 
 def _per_user_eval(loaded, recipe: Recipe, run_dir: Path | None, phase=silent):
@@ -74,15 +92,22 @@ def _per_user_eval(loaded, recipe: Recipe, run_dir: Path | None, phase=silent):
         with phase(user_id, len(user_questions)) as advance:
             user_preds, metrics = evaluate_items(loaded.model, loaded.tokenizer, user_questions, recipe, TAGS)
             advance(len(user_questions))
-        majority = majority_accuracy([q.output for q in user_profile_questions(user_questions)],
-                                     [q.output for q in user_questions])
-        per_user[user_id] = {**summary_row(metrics), "majority_accuracy": majority,
-                             "adapter": str(RunDir(run_dir).user_adapter(user_id)) if run_dir is not None else None}
+        majority = majority_accuracy(
+            [q.output for q in user_profile_questions(user_questions)], [q.output for q in user_questions]
+        )
+        per_user[user_id] = {
+            **summary_row(metrics),
+            "majority_accuracy": majority,
+            "adapter": str(RunDir(run_dir).user_adapter(user_id)) if run_dir is not None else None,
+        }
         hits += round(majority * len(user_questions))
         items += user_questions
         preds += user_preds
-    metrics = {**lamp2_metrics([q.output for q in items], preds), "majority_accuracy": hits / len(items),
-               "users": per_user}
+    metrics = {
+        **lamp2_metrics([q.output for q in items], preds),
+        "majority_accuracy": hits / len(items),
+        "users": per_user,
+    }
     return items, preds, metrics
 
 

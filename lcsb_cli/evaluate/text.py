@@ -18,7 +18,7 @@ def held_out_loss(model, rows: Sequence[dict], pad_id: int, batch_size: int, adv
     device = next(model.parameters()).device
     with inference_mode(model):
         for start in range(0, len(rows), batch_size):
-            batch = {k: v.to(device) for k, v in collate(list(rows[start:start + batch_size]), pad_id).items()}
+            batch = {k: v.to(device) for k, v in collate(list(rows[start : start + batch_size]), pad_id).items()}
             total += causal_lm_loss(model, batch).item()
             tokens += int((batch["labels"][:, 1:] != -100).sum())
             advance(len(batch["labels"]))
@@ -41,14 +41,21 @@ def text_metrics(references: Sequence[str], outputs: Sequence[str]) -> dict:
     }
 
 
-def generate_answers(model, tokenizer, rows: Sequence[dict], max_new_tokens: int, batch_size: int,
-                     stop: Sequence[str] = (), advance=lambda done: None) -> list[str]:
+def generate_answers(
+    model,
+    tokenizer,
+    rows: Sequence[dict],
+    max_new_tokens: int,
+    batch_size: int,
+    stop: Sequence[str] = (),
+    advance=lambda done: None,
+) -> list[str]:
     """Greedy answers to each row's prompt, ended before a `stop` string, stripped; `advance(k)` after each batch."""
     from ..generate import generate_texts
 
     outputs: list[str] = []
     for start in range(0, len(rows), batch_size):
-        prompts = [row["prompt_ids"] for row in rows[start:start + batch_size]]
+        prompts = [row["prompt_ids"] for row in rows[start : start + batch_size]]
         outputs += [text.strip() for text in generate_texts(model, tokenizer, prompts, max_new_tokens, stop=stop)]
         advance(len(prompts))
     return outputs

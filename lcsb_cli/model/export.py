@@ -16,8 +16,14 @@ from . import gguf_out
 FORMATS = ("hf", "gguf")
 
 
-def export_run(run_dir: Path, output: Path, merge: bool = False, user: str | None = None, fmt: str = "hf",
-               outtype: str | None = None) -> Path:
+def export_run(
+    run_dir: Path,
+    output: Path,
+    merge: bool = False,
+    user: str | None = None,
+    fmt: str = "hf",
+    outtype: str | None = None,
+) -> Path:
     """Write `output` atomically (a new or empty dir; for GGUF a new file), filled beside it and renamed."""
     recipe, adapter = finished_run(run_dir, user)
     _check_format(fmt, outtype, merge)
@@ -73,7 +79,8 @@ def _merged_hf(recipe, adapter: Path, target: Path) -> None:
 
     merged, base_dir = merged_model(recipe, adapter)
     tokenizer = load_tokenizer(base_dir)
-    for config in (merged.config, merged.generation_config):  # a base without them would never stop generating
+    # a base without them would never stop generating
+    for config in (merged.config, merged.generation_config):
         config.eos_token_id = config.eos_token_id if config.eos_token_id is not None else tokenizer.eos_token_id
         config.pad_token_id = config.pad_token_id if config.pad_token_id is not None else tokenizer.pad_token_id
     merged.save_pretrained(target)

@@ -20,8 +20,10 @@ from .. import atomic
 from ..errors import BadInput
 
 MAGIC = b"GGUF"
-PROVENANCE = "lcsb_gguf_source.json"  # written last into a conversion; its presence marks the entry complete
-LOCK = ".convert.lock"  # the one file a conversion leaves besides its entry
+# written last into a conversion; its presence marks the entry complete
+PROVENANCE = "lcsb_gguf_source.json"
+# the one file a conversion leaves besides its entry
+LOCK = ".convert.lock"
 
 
 def is_gguf_name(name: str) -> bool:
@@ -46,7 +48,8 @@ def converted_checkpoint(path: Path, dtype: torch.dtype, cache: Path) -> Path:
     metadata = {**read_metadata(path), "sha256": digest}
     cache.mkdir(parents=True, exist_ok=True)
     with FileLock(str(cache / LOCK)):
-        if not (target / PROVENANCE).is_file():  # absent, or an entry without its provenance: never used
+        # absent, or an entry without its provenance: never used
+        if not (target / PROVENANCE).is_file():
             atomic.write_dir(target, lambda tmp: _convert(path, tmp, dtype, metadata), replace=True)
     return target
 
@@ -99,17 +102,25 @@ def _convert(path: Path, target: Path, dtype: torch.dtype, metadata: dict) -> No
     where = dict(pretrained_model_name_or_path=path.parent, gguf_file=path.name)
     try:
         model = AutoModelForCausalLM.from_pretrained(
-            **where, dtype=dtype, quantization_config=GgufConfig(dequantize=True))
+            **where, dtype=dtype, quantization_config=GgufConfig(dequantize=True)
+        )
         tokenizer = AutoTokenizer.from_pretrained(**where)
     except (ValueError, NotImplementedError, KeyError, OSError) as exc:
-        raise BadInput(f"model.name: transformers cannot read the {metadata['architecture']!r} model in {path.name}: "
-                       f"{exc}".splitlines()[0]) from exc
-    model.hf_quantizer = None  # the weights are dequantized: what is left is an ordinary model
+        raise BadInput(
+            f"model.name: transformers cannot read the {metadata['architecture']!r} model in {path.name}: "
+            f"{exc}".splitlines()[0]
+        ) from exc
+    # the weights are dequantized: what is left is an ordinary model
+    model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
     model.config.use_cache = True
     model.save_pretrained(target)
     tokenizer.save_pretrained(target)
-    record = {**metadata, "dtype": str(dtype).removeprefix("torch."), "transformers": version("transformers"),
-              "gguf": version("gguf")}
+    record = {
+        **metadata,
+        "dtype": str(dtype).removeprefix("torch."),
+        "transformers": version("transformers"),
+        "gguf": version("gguf"),
+    }
     (target / PROVENANCE).write_text(json.dumps(record, indent=2) + "\n")

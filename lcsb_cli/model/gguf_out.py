@@ -16,20 +16,26 @@ import torch
 from ..errors import BadInput
 
 OUTTYPES = ("f16", "bf16", "q8_0")
-ARCHITECTURES = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}  # HF model_type -> GGUF
-ROTARY_INTERLEAVED = {"llama"}  # llama.cpp stores these archs' q/k rows with the rotary halves interleaved
-SPLITS = {  # a byte-level BPE's split regex -> llama.cpp's tokenizer.ggml.pre (a plain ByteLevel split is "gpt-2")
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+": "qwen2",
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+": "llama-bpe",
+# HF model_type -> GGUF
+ARCHITECTURES = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
+# llama.cpp stores these archs' q/k rows with the rotary halves interleaved
+ROTARY_INTERLEAVED = {"llama"}
+# a byte-level BPE's split regex -> llama.cpp's tokenizer.ggml.pre (a plain ByteLevel split is "gpt-2")
+SPLITS = {
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+": "qwen2",  # noqa: E501
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+": "llama-bpe",  # noqa: E501
 }
-SKIPPED_KEYS = ("GGUF.", "general.architecture", "general.file_type")  # the writer adds or replaces these
+# the writer adds or replaces these
+SKIPPED_KEYS = ("GGUF.", "general.architecture", "general.file_type")
 
 
 def check_exportable(model_type: str) -> str:
     """The GGUF architecture name for an HF model type, or BadInput naming the supported ones."""
     if model_type not in ARCHITECTURES:
-        raise BadInput(f"--format gguf: lcsb writes GGUF for {', '.join(sorted(ARCHITECTURES))} models, "
-                       f"not {model_type!r}; export --merge --format hf and convert that with llama.cpp")
+        raise BadInput(
+            f"--format gguf: lcsb writes GGUF for {', '.join(sorted(ARCHITECTURES))} models, "
+            f"not {model_type!r}; export --merge --format hf and convert that with llama.cpp"
+        )
     return ARCHITECTURES[model_type]
 
 
@@ -66,8 +72,10 @@ def _write_model_keys(writer, config, name: str) -> None:
 
     rope = getattr(config, "rope_parameters", None) or {"rope_type": "default", "rope_theta": config.rope_theta}
     if rope.get("rope_type", "default") != "default":
-        raise BadInput(f"--format gguf: rope scaling {rope['rope_type']!r} is not written by lcsb; "
-                       "export --merge --format hf and convert that with llama.cpp")
+        raise BadInput(
+            f"--format gguf: rope scaling {rope['rope_type']!r} is not written by lcsb; "
+            "export --merge --format hf and convert that with llama.cpp"
+        )
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     writer.add_name(name)
     writer.add_context_length(config.max_position_embeddings)
@@ -105,8 +113,13 @@ def _write_tokenizer(writer, tokenizer_dir: Path, vocab_size: int) -> None:
         else:
             tokens.append(by_id[index])
             special = index in added and added[index].special
-            types.append(gguf.TokenType.CONTROL if special else
-                         gguf.TokenType.USER_DEFINED if index in added else gguf.TokenType.NORMAL)
+            types.append(
+                gguf.TokenType.CONTROL
+                if special
+                else gguf.TokenType.USER_DEFINED
+                if index in added
+                else gguf.TokenType.NORMAL
+            )
     writer.add_token_list(tokens)
     writer.add_token_types(types)
     special_vocab = gguf.SpecialVocab(tokenizer_dir, load_merges=True, n_vocab=len(tokens))
@@ -124,8 +137,10 @@ def _pre_tokenizer(spec: dict) -> str:
             return "gpt-2"
         if kinds == ["Split", "ByteLevel"] and steps[0]["pattern"].get("Regex") in SPLITS:
             return SPLITS[steps[0]["pattern"]["Regex"]]
-    raise BadInput("--format gguf: lcsb writes byte-level BPE tokenizers with the GPT-2, Qwen2 or Llama-3 split, "
-                   "and this tokenizer is another kind; export --merge --format hf and convert that with llama.cpp")
+    raise BadInput(
+        "--format gguf: lcsb writes byte-level BPE tokenizers with the GPT-2, Qwen2 or Llama-3 split, "
+        "and this tokenizer is another kind; export --merge --format hf and convert that with llama.cpp"
+    )
 
 
 def _tensors(model, arch: str, outtype: str):
@@ -152,7 +167,9 @@ def _tensors(model, arch: str, outtype: str):
 def interleave_rotary(weight: np.ndarray, heads: int) -> np.ndarray:
     """llama.cpp's order of q/k rows: within each head, the two rotary halves interleaved (the inverse of what
     transformers' GGUF loader undoes)."""
-    return weight.reshape(heads, 2, weight.shape[0] // heads // 2, *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape)
+    return (
+        weight.reshape(heads, 2, weight.shape[0] // heads // 2, *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape)
+    )
 
 
 def _encode(data: np.ndarray, outtype: str):

@@ -24,18 +24,28 @@ from . import gguf_in, memory, streamed
 PRESET_DIR = CONFIGS_DIR / "models"
 TOKENIZER_DIR = CONFIGS_DIR / "tokenizers"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
+WEIGHT_FILES = (
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "pytorch_model.bin",
+    "pytorch_model.bin.index.json",
+)
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")
 
 
 @dataclass
 class LoadedModel:
-    model: nn.Module  # the PeftModel
+    # the PeftModel
+    model: nn.Module
     tokenizer: object
-    layers: nn.ModuleList  # the decoder layers, in order
-    base_dir: Path  # the checkpoint the base weights came from (a streamed random-init preset: its tokenizer)
-    runtime_mb: float = 0.0  # resident set size when this process first loaded a model: interpreter + libraries
-    probe: memory.MemoryProbe | None = None  # what the loss and the memory breakdown measure
+    # the decoder layers, in order
+    layers: nn.ModuleList
+    # the checkpoint the base weights came from (a streamed random-init preset: its tokenizer)
+    base_dir: Path
+    # resident set size when this process first loaded a model: interpreter + libraries
+    runtime_mb: float = 0.0
+    # what the loss and the memory breakdown measure
+    probe: memory.MemoryProbe | None = None
 
 
 def preset_names() -> list[str]:
@@ -79,7 +89,7 @@ def preset_gguf_file(name: str, spec: dict) -> Path:
     found = importlib.util.find_spec(spec["package"])
     if found is None or not found.submodule_search_locations:
         raise BadInput(f"model.name: the preset {name} needs the package {spec['package']}: {spec['install']}")
-    path = Path(list(found.submodule_search_locations)[0]) / spec["file"]
+    path = Path(next(iter(found.submodule_search_locations))) / spec["file"]
     if not path.is_file():
         raise BadInput(f"model.name: {path} is missing from {spec['package']}; reinstall it: {spec['install']}")
     return path
@@ -91,8 +101,10 @@ def check_checkpoint_files(path: Path) -> None:
     if not any((path / name).is_file() for name in WEIGHT_FILES):
         raise BadInput(f"model.name: {path} has no weights ({' or '.join(WEIGHT_FILES)}); save the model there")
     if not any((path / name).is_file() for name in TOKENIZER_FILES):
-        raise BadInput(f"model.name: {path} has no tokenizer ({' or '.join(TOKENIZER_FILES)}); "
-                       "save the tokenizer there too (tokenizer.save_pretrained)")
+        raise BadInput(
+            f"model.name: {path} has no tokenizer ({' or '.join(TOKENIZER_FILES)}); "
+            "save the tokenizer there too (tokenizer.save_pretrained)"
+        )
 
 
 def materialize_preset(name: str, dtype: str = "float32") -> Path:
@@ -152,7 +164,9 @@ def quantization_config(kind: str, compute_dtype: torch.dtype):
     if kind == "int8":
         return BitsAndBytesConfig(load_in_8bit=True)
     return BitsAndBytesConfig(
-        load_in_4bit=True, bnb_4bit_quant_type=kind, bnb_4bit_compute_dtype=compute_dtype,
+        load_in_4bit=True,
+        bnb_4bit_quant_type=kind,
+        bnb_4bit_compute_dtype=compute_dtype,
         bnb_4bit_use_double_quant=True,
     )
 
@@ -170,7 +184,9 @@ def load_base(recipe: Recipe, device: torch.device):
     check_checkpoint_files(base_dir)
     dtype = DTYPES[recipe.model.dtype]
     model = AutoModelForCausalLM.from_pretrained(
-        base_dir, dtype=dtype, quantization_config=quantization_config(recipe.quantization, dtype),
+        base_dir,
+        dtype=dtype,
+        quantization_config=quantization_config(recipe.quantization, dtype),
         trust_remote_code=recipe.model.trust_remote_code,
         device_map={"": device} if recipe.quantization != "none" else None,
     )
@@ -247,16 +263,25 @@ def load_model(recipe: Recipe, device: torch.device, adapter: Path | None = None
     else:
         _check_targets(model, recipe.lora.targets)
         lora = LoraConfig(
-            r=recipe.lora.rank, lora_alpha=recipe.lora.alpha, lora_dropout=recipe.lora.dropout,
-            target_modules=list(recipe.lora.targets), task_type="CAUSAL_LM",
+            r=recipe.lora.rank,
+            lora_alpha=recipe.lora.alpha,
+            lora_dropout=recipe.lora.dropout,
+            target_modules=list(recipe.lora.targets),
+            task_type="CAUSAL_LM",
         )
         if recipe.lora.backward == "mesp":
             use_mesp(lora)
         with memory.seeded(recipe.train.seed):
             peft_model = get_peft_model(model, lora)
     peft_model.active_peft_config.base_model_name_or_path = portable_name(recipe.model.name)
-    return LoadedModel(peft_model, load_tokenizer(base_dir), decoder_layers(peft_model, config), base_dir, runtime_mb,
-                       memory.MemoryProbe(peft_model))
+    return LoadedModel(
+        peft_model,
+        load_tokenizer(base_dir),
+        decoder_layers(peft_model, config),
+        base_dir,
+        runtime_mb,
+        memory.MemoryProbe(peft_model),
+    )
 
 
 def load_tokenizer(path: Path):

@@ -9,7 +9,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-CHUNK_BYTES = 4 * 2**20  # the most one vocabulary slice may hold: its fp32 logits or its head rows
+# the most one vocabulary slice may hold: its fp32 logits or its head rows
+CHUNK_BYTES = 4 * 2**20
 
 
 def causal_lm_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor], probe=None) -> torch.Tensor:
@@ -29,8 +30,9 @@ def causal_lm_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor], probe
         hidden = causal_lm.get_decoder()(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
     mask = targets != -100
     with probe.head() if probe else contextlib.nullcontext():
-        return head_cross_entropy(causal_lm.get_output_embeddings(), hidden.last_hidden_state[:, :-1][mask],
-                                  targets[mask])
+        return head_cross_entropy(
+            causal_lm.get_output_embeddings(), hidden.last_hidden_state[:, :-1][mask], targets[mask]
+        )
 
 
 def head_cross_entropy(head: nn.Module, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -42,8 +44,9 @@ def head_cross_entropy(head: nn.Module, hidden: torch.Tensor, targets: torch.Ten
         return ChunkedHeadCrossEntropy.apply(hidden, targets, head.weight_slice, head.out_features)
     if type(head) is nn.Linear and head.bias is None and not head.weight.requires_grad and not hooked:
         weight = head.weight
-        return ChunkedHeadCrossEntropy.apply(hidden, targets, lambda a, b, dtype: weight[a:b].to(dtype),
-                                             head.out_features)
+        return ChunkedHeadCrossEntropy.apply(
+            hidden, targets, lambda a, b, dtype: weight[a:b].to(dtype), head.out_features
+        )
     return F.cross_entropy(head(hidden).float(), targets, reduction="sum")
 
 

@@ -18,7 +18,8 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-M_MMAP_THRESHOLD = -3  # glibc mallopt parameter numbers (malloc.h)
+# glibc mallopt parameter numbers (malloc.h)
+M_MMAP_THRESHOLD = -3
 
 
 def rss_mb() -> float:
@@ -93,7 +94,8 @@ class LiveBytes(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        if any(ret.alias_info for ret in func._schema.returns):  # a view or an in-place result: no new storage
+        # a view or an in-place result: no new storage
+        if any(ret.alias_info for ret in func._schema.returns):
             return out
         for tensor in tree_leaves(out):
             if isinstance(tensor, torch.Tensor) and in_host_memory(tensor):
@@ -165,29 +167,39 @@ def in_host_memory(tensor: torch.Tensor) -> bool:
     return not tensor.is_meta and tensor.device.type == "cpu"
 
 
-def breakdown(model: nn.Module, probe: MemoryProbe, runtime_mb: float, held_weights: Iterable[torch.Tensor] = ()) -> dict:
-    """The process's peak RSS (the OS's, since the run began: `peak_rss_mb`) beside what it is made of: the runtime (RSS when the model
-    began loading: `LoadedModel.runtime_mb`), frozen weights (the model's, plus `held_weights`: a backend's own
-    copies such as npu-sim's resident tiles), LoRA + optimizer (every live tensor now that is not a frozen weight:
-    LoRA weights, optimizer state and any copies, plus the largest step's gradients), and the activations and
-    logits of the run's `probe`. Only host memory counts: on CUDA the parts describe the host process alone.
-    `other_mb` is the rest: allocator slack, transient dequantized weights and recomputation, data, and libraries
-    imported after loading."""
-    frozen = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
-              for t in [*frozen_tensors(model), *held_weights] if in_host_memory(t)}
+def breakdown(
+    model: nn.Module, probe: MemoryProbe, runtime_mb: float, held_weights: Iterable[torch.Tensor] = ()
+) -> dict:
+    """The process's peak RSS (the OS's, since the run began: `peak_rss_mb`) beside what it is made of: the runtime (RSS
+    when the model began loading: `LoadedModel.runtime_mb`), frozen weights (the model's, plus `held_weights`: a
+    backend's own copies such as npu-sim's resident tiles), LoRA + optimizer (every live tensor now that is not a frozen
+    weight: LoRA weights, optimizer state and any copies, plus the largest step's gradients), and the activations and
+    logits of the run's `probe`. Only host memory counts: on CUDA the parts describe the host process alone. `other_mb`
+    is the rest: allocator slack, transient dequantized weights and recomputation, data, and libraries imported after
+    loading."""
+    frozen = {
+        t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
+        for t in [*frozen_tensors(model), *held_weights]
+        if in_host_memory(t)
+    }
     live = {}
     for obj in gc.get_objects():
         if issubclass(type(obj), torch.Tensor) and in_host_memory(obj):
             live[obj.untyped_storage().data_ptr()] = obj.untyped_storage().nbytes()
     mb = 2**-20
     figures = {
-        "runtime_mb": runtime_mb, "weights_mb": sum(frozen.values()) * mb,
+        "runtime_mb": runtime_mb,
+        "weights_mb": sum(frozen.values()) * mb,
         "lora_optimizer_mb": (sum(n for key, n in live.items() if key not in frozen) + probe.grads) * mb,
-        "activations_mb": probe.activations * mb, "logits_mb": probe.logits * mb,
+        "activations_mb": probe.activations * mb,
+        "logits_mb": probe.logits * mb,
     }
     peak = peak_rss_mb()
-    return {"peak_rss_mb": peak, **{k: round(v, 1) for k, v in figures.items()},
-            "other_mb": round(peak - sum(figures.values()), 1)}
+    return {
+        "peak_rss_mb": peak,
+        **{k: round(v, 1) for k, v in figures.items()},
+        "other_mb": round(peak - sum(figures.values()), 1),
+    }
 
 
 @contextlib.contextmanager

@@ -27,7 +27,8 @@ class LoraDelta(torch.autograd.Function):
     def forward(ctx, x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, scaling: float) -> torch.Tensor:
         ctx.save_for_backward(x, a, b)
         ctx.scaling = scaling
-        return F.linear(F.linear(x.to(a.dtype), a), b) * scaling  # peft's own kernels: the same forward, bit for bit
+        # peft's own kernels: the same forward, bit for bit
+        return F.linear(F.linear(x.to(a.dtype), a), b) * scaling
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
@@ -53,7 +54,8 @@ class MespLinear(PeftLoraLinear):
         for name in self.active_adapters:
             if name in self.lora_A:
                 delta = LoraDelta.apply(x, self.lora_A[name].weight, self.lora_B[name].weight, self.scaling[name])
-                result = result + (delta.to(dtype) if four_bit else delta)  # each as peft's own layer adds it
+                # each as peft's own layer adds it
+                result = result + (delta.to(dtype) if four_bit else delta)
         return result.to(dtype)
 
 

@@ -10,7 +10,8 @@ from torch.func import functional_call
 
 from ..errors import BadInput
 
-ROW_BLOCK = 64  # bitsandbytes' 4-bit block size: a row of H values is H / 64 whole blocks
+# bitsandbytes' 4-bit block size: a row of H values is H / 64 whole blocks
+ROW_BLOCK = 64
 
 
 class QuantizedRows(nn.Module):
@@ -23,8 +24,10 @@ class QuantizedRows(nn.Module):
     def __init__(self, rows: int, cols: int, quant_type: str, device=None):
         super().__init__()
         if cols % ROW_BLOCK:
-            raise BadInput(f"memory.embedding: 4-bit rows need a hidden size that is a multiple of {ROW_BLOCK}, "
-                           f"this model's is {cols}; set memory.embedding=keep")
+            raise BadInput(
+                f"memory.embedding: 4-bit rows need a hidden size that is a multiple of {ROW_BLOCK}, "
+                f"this model's is {cols}; set memory.embedding=keep"
+            )
         self.shape, self.quant_type = (rows, cols), quant_type
         self.register_buffer("packed", torch.empty(rows, cols // 2, dtype=torch.uint8, device=device))
         self.register_buffer("absmax", torch.empty(rows, cols // ROW_BLOCK, dtype=torch.float32, device=device))
@@ -48,8 +51,14 @@ class QuantizedRows(nn.Module):
         from bitsandbytes.functional import QuantState, dequantize_4bit, get_4bit_type
 
         shape = (packed.shape[0], self.shape[1])
-        state = QuantState(absmax=absmax.reshape(-1), shape=shape, dtype=dtype, blocksize=ROW_BLOCK,
-                           code=get_4bit_type(self.quant_type, device=packed.device), quant_type=self.quant_type)
+        state = QuantState(
+            absmax=absmax.reshape(-1),
+            shape=shape,
+            dtype=dtype,
+            blocksize=ROW_BLOCK,
+            code=get_4bit_type(self.quant_type, device=packed.device),
+            quant_type=self.quant_type,
+        )
         return dequantize_4bit(packed.reshape(-1, 1), state)
 
     def slice(self, start: int, stop: int, dtype: torch.dtype) -> torch.Tensor:
@@ -95,5 +104,10 @@ class QuantizedHead(nn.Module):
         return self.rows.slice(start, stop, dtype)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return torch.cat([torch.nn.functional.linear(hidden, self.weight_slice(v, v + self.slice_rows, hidden.dtype))
-                          for v in range(0, self.out_features, self.slice_rows)], dim=-1)
+        return torch.cat(
+            [
+                torch.nn.functional.linear(hidden, self.weight_slice(v, v + self.slice_rows, hidden.dtype))
+                for v in range(0, self.out_features, self.slice_rows)
+            ],
+            dim=-1,
+        )

@@ -17,6 +17,10 @@ class LayerShape:
     @classmethod
     def of(cls, config) -> LayerShape:
         heads = config.num_attention_heads
-        return cls(config.hidden_size, config.intermediate_size, heads,
-                   getattr(config, "num_key_value_heads", None) or heads,
-                   getattr(config, "head_dim", None) or config.hidden_size // heads)
+        return cls(
+            config.hidden_size,
+            config.intermediate_size,
+            heads,
+            getattr(config, "num_key_value_heads", None) or heads,
+            getattr(config, "head_dim", None) or config.hidden_size // heads,
+        )

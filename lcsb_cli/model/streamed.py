@@ -15,7 +15,8 @@ from ..errors import BadInput
 from .memory import seeded
 from .rows import QuantizedEmbedding, QuantizedHead, QuantizedRows
 
-DRAW_ROWS = 4096  # a random-init embedding is drawn (and quantized) this many rows at a time
+# a random-init embedding is drawn (and quantized) this many rows at a time
+DRAW_ROWS = 4096
 
 
 def _tensor_seed(seed: int, name: str) -> int:
@@ -40,7 +41,7 @@ class FloatSource:
             return QuantizedRows.quantize(chunks, rows, cols, embedding)
         weight, start = torch.empty(rows, cols, dtype=dtype), 0
         for chunk in chunks:
-            weight[start:start + len(chunk)], start = chunk, start + len(chunk)
+            weight[start : start + len(chunk)], start = chunk, start + len(chunk)
         return weight
 
 
@@ -55,8 +56,11 @@ class RandomInit(FloatSource):
 
     def fill(self, model, name, module):
         for key, tensor in _unloaded(module):
-            _set(module, key, torch.empty(tensor.shape, dtype=torch.float32 if tensor.is_floating_point() else
-                                          tensor.dtype))
+            _set(
+                module,
+                key,
+                torch.empty(tensor.shape, dtype=torch.float32 if tensor.is_floating_point() else tensor.dtype),
+            )
         with seeded(_tensor_seed(self.seed, name)):
             _initializer(model, name)(module)
 
@@ -84,10 +88,13 @@ class SafetensorsCheckpoint(FloatSource):
             from safetensors import safe_open
 
             with safe_open(path / "model.safetensors", "pt") as f:
-                self.files = {k: path / "model.safetensors" for k in f.keys()}
+                # safe_open has keys() but is not iterable
+                self.files = {k: path / "model.safetensors" for k in f.keys()}  # noqa: SIM118
         else:
-            raise BadInput(f"model.name: {path} has no model.safetensors; memory.streamed_load reads safetensors "
-                           "checkpoints (save with save_pretrained(safe_serialization=True))")
+            raise BadInput(
+                f"model.name: {path} has no model.safetensors; memory.streamed_load reads safetensors "
+                "checkpoints (save with save_pretrained(safe_serialization=True))"
+            )
 
     def _read(self, key: str, rows: slice | None = None) -> torch.Tensor:
         from safetensors import safe_open
@@ -134,8 +141,14 @@ class QuantizedFile(FloatSource):
     def linear(self, model, name, module, kind, dtype):
         import bitsandbytes as bnb
 
-        out = bnb.nn.Linear4bit(module.in_features, module.out_features, bias=module.bias is not None,
-                                compute_dtype=dtype, quant_type=kind, device="meta")
+        out = bnb.nn.Linear4bit(
+            module.in_features,
+            module.out_features,
+            bias=module.bias is not None,
+            compute_dtype=dtype,
+            quant_type=kind,
+            device="meta",
+        )
         stats = {k: v for k, v in self.tensors.items() if k.startswith(f"{name}.weight.")}
         out.weight = bnb.nn.Params4bit.from_prequantized(self._get(f"{name}.weight"), stats, device="cpu", module=out)
         if module.bias is not None:
@@ -156,7 +169,8 @@ def save_quantized(model: nn.Module, path: Path) -> None:
 
     tensors, seen = {}, set()
     for key, tensor in model.state_dict().items():
-        if tensor.untyped_storage().data_ptr() not in seen:  # the tied LM head shares the embedding's rows
+        # the tied LM head shares the embedding's rows
+        if tensor.untyped_storage().data_ptr() not in seen:
             seen.add(tensor.untyped_storage().data_ptr())
             tensors[key] = tensor.contiguous()
     save_file(tensors, path)
@@ -176,7 +190,8 @@ def streamed_model(config, dtype: torch.dtype, kind: str | None, embedding: str,
         model = AutoModelForCausalLM.from_config(config, dtype=dtype)
     kept = [*get_keys_to_not_convert(model), *(model._keep_in_fp32_modules or [])]
     _build_ends(model, source, embedding, dtype)
-    for name in [name for name, _ in model.named_modules()]:  # names only: a replaced module must be freed
+    # names only: a replaced module must be freed
+    for name in [name for name, _ in model.named_modules()]:
         module = model.get_submodule(name)
         if not _has_meta_tensors(module):
             continue
@@ -186,9 +201,12 @@ def streamed_model(config, dtype: torch.dtype, kind: str | None, embedding: str,
             _materialise(model, name, module, source)
     for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
         if tensor.is_meta:
-            raise BadInput(f"model.name: memory.streamed_load cannot build {name} of this {config.model_type} model; "
-                           "set memory.streamed_load=false")
-    model.is_loaded_in_4bit = kind is not None  # peft gives bitsandbytes layers its 4-bit LoRA class on this flag
+            raise BadInput(
+                f"model.name: memory.streamed_load cannot build {name} of this {config.model_type} model; "
+                "set memory.streamed_load=false"
+            )
+    # peft gives bitsandbytes layers its 4-bit LoRA class on this flag
+    model.is_loaded_in_4bit = kind is not None
     return model
 
 
@@ -208,10 +226,14 @@ def _build_end(model, name: str, weight, source: FloatSource, dtype: torch.dtype
     """One end (embedding or head) around its weight; returns the weight a tied head shares."""
     module = model.get_submodule(name)
     if isinstance(weight, QuantizedRows):
-        module.weight._is_hf_initialized = True  # the rows stand in for it: nothing reads or draws it
+        # the rows stand in for it: nothing reads or draws it
+        module.weight._is_hf_initialized = True
         _materialise(model, name, module, source)
-        _replace(model, name, _quantized_head(name, module, weight) if head else
-                 _quantized_embedding(name, module, weight, dtype))
+        _replace(
+            model,
+            name,
+            _quantized_head(name, module, weight) if head else _quantized_embedding(name, module, weight, dtype),
+        )
         return weight
     module.weight = weight if isinstance(weight, nn.Parameter) else nn.Parameter(weight, requires_grad=False)
     module.weight._is_hf_initialized = True
@@ -227,16 +249,20 @@ def _quantized_embedding(name: str, module: nn.Module, rows: QuantizedRows, dtyp
     ids = torch.tensor([[0, 1]])
     whole = functional_call(embedding.lookup, {"weight": probe}, (ids,))
     if not torch.equal(functional_call(embedding.lookup, {"weight": probe[:2]}, (ids,)), whole):
-        raise BadInput(f"memory.embedding: the embedding {name} ({type(module).__name__}) reads more of its weight "
-                       "than the batch's rows, which a 4-bit embedding cannot keep; set memory.embedding=keep")
+        raise BadInput(
+            f"memory.embedding: the embedding {name} ({type(module).__name__}) reads more of its weight "
+            "than the batch's rows, which a 4-bit embedding cannot keep; set memory.embedding=keep"
+        )
     return embedding
 
 
 def _quantized_head(name: str, module: nn.Module, rows: QuantizedRows) -> nn.Module:
     if type(module) is not nn.Linear or module.bias is not None:
-        raise BadInput(f"memory.embedding: the LM head {name} is a {type(module).__name__}"
-                       f"{' with a bias' if getattr(module, 'bias', None) is not None else ''}; a 4-bit head is "
-                       "a bias-free nn.Linear: set memory.embedding=keep")
+        raise BadInput(
+            f"memory.embedding: the LM head {name} is a {type(module).__name__}"
+            f"{' with a bias' if getattr(module, 'bias', None) is not None else ''}; a 4-bit head is "
+            "a bias-free nn.Linear: set memory.embedding=keep"
+        )
     return QuantizedHead(rows)
 
 
@@ -272,8 +298,10 @@ def _rebuild_buffers(model, name: str, module: nn.Module) -> None:
     wrong = sorted(written.symmetric_difference(computed))
     if wrong:
         what = "does not compute it" if wrong[0] in computed else "overwrites it"
-        raise BadInput(f"model.name: memory.streamed_load cannot rebuild {name}.{wrong[0]} ({type(module).__name__}): "
-                       f"transformers' _init_weights {what}; set memory.streamed_load=false")
+        raise BadInput(
+            f"model.name: memory.streamed_load cannot rebuild {name}.{wrong[0]} ({type(module).__name__}): "
+            f"transformers' _init_weights {what}; set memory.streamed_load=false"
+        )
 
 
 def _initializer(model, name: str):
@@ -288,8 +316,10 @@ def _initializer(model, name: str):
 
 
 def _own(module: nn.Module) -> list[tuple[str, torch.Tensor]]:
-    return [*((k, t) for k, t in module._parameters.items() if t is not None),
-            *((k, t) for k, t in module._buffers.items() if t is not None)]
+    return [
+        *((k, t) for k, t in module._parameters.items() if t is not None),
+        *((k, t) for k, t in module._buffers.items() if t is not None),
+    ]
 
 
 def _persistent(module: nn.Module) -> list[tuple[str, torch.Tensor]]:
@@ -313,8 +343,9 @@ def _fill_from(name: str, module: nn.Module, read) -> None:
         key = f"{name}.{local}" if name else local
         value = read(key)
         if value.shape != tensor.shape:
-            raise BadInput(f"model.name: tensor {key!r} has shape {list(value.shape)}, its config.json says "
-                           f"{list(tensor.shape)}")
+            raise BadInput(
+                f"model.name: tensor {key!r} has shape {list(value.shape)}, its config.json says {list(tensor.shape)}"
+            )
         _set(module, local, value)
 
 
@@ -330,10 +361,18 @@ def _replace(model: nn.Module, name: str, new: nn.Module) -> None:
 def _linear4bit(linear: nn.Linear, kind: str, dtype: torch.dtype) -> nn.Module:
     import bitsandbytes as bnb
 
-    out = bnb.nn.Linear4bit(linear.in_features, linear.out_features, bias=linear.bias is not None,
-                            compute_dtype=dtype, compress_statistics=True, quant_type=kind, device="meta")
-    out.weight = bnb.nn.Params4bit(linear.weight.data.to(dtype), requires_grad=False, compress_statistics=True,
-                                   quant_type=kind, module=out).to("cpu")
+    out = bnb.nn.Linear4bit(
+        linear.in_features,
+        linear.out_features,
+        bias=linear.bias is not None,
+        compute_dtype=dtype,
+        compress_statistics=True,
+        quant_type=kind,
+        device="meta",
+    )
+    out.weight = bnb.nn.Params4bit(
+        linear.weight.data.to(dtype), requires_grad=False, compress_statistics=True, quant_type=kind, module=out
+    ).to("cpu")
     if linear.bias is not None:
         out.bias = nn.Parameter(linear.bias.data.to(dtype), requires_grad=False)
     return out

@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING
 from ..atomic import write_dir, write_json_atomic
 from ..errors import BadInput
 
-if TYPE_CHECKING:  # torch loads when a checkpoint is written or read, not for `lcsb validate` or a refused run
+# torch loads when a checkpoint is written or read, not for `lcsb validate` or a refused run
+if TYPE_CHECKING:
     import torch
 
 ADAPTER_FILE = "adapter_model.safetensors"
@@ -22,7 +23,9 @@ MANIFEST = "manifest.json"
 
 def checkpoint_dirs(root: Path) -> list[Path]:
     """Finished checkpoints under `root` (a run's checkpoints/), newest first."""
-    found = [p for p in root.glob("step-*") if step_of(p) is not None and (p / MANIFEST).is_file()] if root.is_dir() else []
+    found = (
+        [p for p in root.glob("step-*") if step_of(p) is not None and (p / MANIFEST).is_file()] if root.is_dir() else []
+    )
     return sorted(found, key=step_of, reverse=True)
 
 
@@ -72,7 +75,8 @@ def load_checkpoint(path: Path) -> tuple[dict[str, torch.Tensor], dict]:
 
     try:
         state = torch.load(path / STATE_FILE, weights_only=True, map_location="cpu")
-    except Exception as exc:  # torch raises UnpicklingError for anything but plain data
+    # torch raises UnpicklingError for anything but plain data
+    except Exception as exc:
         raise BadInput(f"{path / STATE_FILE}: refused to load (not plain tensors/containers): {exc}") from exc
     return load_file(path / ADAPTER_FILE), state
 

@@ -94,6 +94,14 @@ def launch(nproc: int, args: list[str]) -> int:
     """Run `lcsb ARGS` under torchrun with `nproc` local processes; returns its exit code."""
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-               "-m", "lcsb_cli", *args]
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={nproc}",
+        "-m",
+        "lcsb_cli",
+        *args,
+    ]
     return subprocess.call(command, env=env)

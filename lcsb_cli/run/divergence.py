@@ -14,7 +14,8 @@ from safetensors.torch import load_file, save_file
 
 from ..atomic import write_file
 
-WINDOW = 20  # good losses the spike test takes its running median over
+# good losses the spike test takes its running median over
+WINDOW = 20
 
 
 class MemorySnapshot:
@@ -24,11 +25,13 @@ class MemorySnapshot:
 
     def __init__(self):
         self.copies: list[torch.Tensor] | None = None
-        self.sources: list[torch.Tensor] = []  # the groups' tensors, flattened once per new set of groups
+        # the groups' tensors, flattened once per new set of groups
+        self.sources: list[torch.Tensor] = []
 
     def write(self, groups: list[dict[str, torch.Tensor]], fresh: bool) -> None:
         if fresh or self.copies is None:
-            self.copies = None  # the old copies go before the new ones are made
+            # the old copies go before the new ones are made
+            self.copies = None
             self.sources = [t for group in groups for t in group.values()]
             self.copies = [t.clone() for t in self.sources]
         else:
@@ -94,10 +97,13 @@ class GoodState:
 
     def __init__(self, params: list[torch.nn.Parameter], optimizer, snapshot: MemorySnapshot | DiskSnapshot | None):
         self.params, self.optimizer, self.snapshot = params, optimizer, snapshot
-        self.groups: list[dict[str, torch.Tensor]] | None = None  # per parameter: the tensors the snapshot mirrors
+        # per parameter: the tensors the snapshot mirrors
+        self.groups: list[dict[str, torch.Tensor]] | None = None
         self.with_state: list[torch.nn.Parameter] = []
-        self.number_keys: list[tuple] = []  # (parameter, state key) of optimizer state that is not a tensor
-        self.numbers: list = []  # their values
+        # (parameter, state key) of optimizer state that is not a tensor
+        self.number_keys: list[tuple] = []
+        # their values
+        self.numbers: list = []
         self.reported_bytes = 0
 
     def reset(self) -> None:
@@ -106,8 +112,12 @@ class GoodState:
 
     def _gather(self) -> list[dict[str, torch.Tensor]]:
         state = self.optimizer.state
-        return [{"weight": p.data, **{k: v for k, v in sorted(state[p].items()) if torch.is_tensor(v)}}
-                if p in state else {"weight": p.data} for p in self.params]
+        return [
+            {"weight": p.data, **{k: v for k, v in sorted(state[p].items()) if torch.is_tensor(v)}}
+            if p in state
+            else {"weight": p.data}
+            for p in self.params
+        ]
 
     def take(self) -> None:
         if self.snapshot is None:
@@ -116,10 +126,12 @@ class GoodState:
         if fresh:
             self.with_state = [p for p in self.params if p in self.optimizer.state]
             self.groups = self._gather()
-            self.number_keys = [(p, k) for p in self.with_state for k, v in self.optimizer.state[p].items()
-                                if not torch.is_tensor(v)]
+            self.number_keys = [
+                (p, k) for p in self.with_state for k, v in self.optimizer.state[p].items() if not torch.is_tensor(v)
+            ]
         self.snapshot.write(self.groups, fresh)
-        self.numbers = [self.optimizer.state[p][k] for p, k in self.number_keys]  # empty for torch's AdamW
+        # empty for torch's AdamW
+        self.numbers = [self.optimizer.state[p][k] for p, k in self.number_keys]
 
     def restore(self) -> None:
         keep = set(map(id, self.with_state))
@@ -154,8 +166,10 @@ class DivergenceGuard:
             self.spikes += 1
             if self.spikes >= self.patience:
                 self.spikes = 0
-                return (f"loss {loss:.4g} above {self.spike_factor}x the running median "
-                        f"{statistics.median(self.recent):.4g} for {self.patience} steps")
+                return (
+                    f"loss {loss:.4g} above {self.spike_factor}x the running median "
+                    f"{statistics.median(self.recent):.4g} for {self.patience} steps"
+                )
             return None
         self.spikes = 0
         self.recent.append(loss)

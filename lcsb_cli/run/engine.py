@@ -21,17 +21,25 @@ from ..model.memory import breakdown
 from ..recipe import Recipe
 from ..runtime import log_to
 from . import rundir
-from .rundir import RunDir
 from .distributed import SINGLE, World
 from .hooks import Hook, Reporter, Run, SilentReporter, check_initial_loss, hooks_for
 from .job import Job, owned_job, write_report
 from .resume import resume_state, save_adapter
+from .rundir import RunDir
 from .summary import summarize
 from .trainer import Trainer
 
 
-def train(recipe: Recipe, run_dir: Path, reporter: Reporter, resume: bool = False, force: bool = False,
-          adapter_dir: Path | None = None, job: Job | None = None, task: TaskData | None = None) -> dict:
+def train(
+    recipe: Recipe,
+    run_dir: Path,
+    reporter: Reporter,
+    resume: bool = False,
+    force: bool = False,
+    adapter_dir: Path | None = None,
+    job: Job | None = None,
+    task: TaskData | None = None,
+) -> dict:
     """Check the run dir, wait for the overnight window, set up, restore a checkpoint if resuming, claim the run
     dir, then run the steps until done or stopped (SIGTERM/SIGINT, window end, time limit: checkpointed, exit 0).
 
@@ -42,12 +50,14 @@ def train(recipe: Recipe, run_dir: Path, reporter: Reporter, resume: bool = Fals
         raise ValueError("engine.train trains one adapter; per_user.train_per_user runs data.user: all")
     request = RunRequest(recipe, Path(run_dir), resume, force, adapter_dir, task)
     try:
-        if job is not None:  # a user's run inside a per-user job: the job's owner waited for the window
+        # a user's run inside a per-user job: the job's owner waited for the window
+        if job is not None:
             return _train(request, reporter, job, SINGLE, owner=False)
         with owned_job(recipe, request.run_dir) as (job, world):
             return _train(request, reporter if world.is_main else SilentReporter(), job, world, owner=True)
     finally:
-        log_to(None)  # the run's log file closes with the run
+        # the run's log file closes with the run
+        log_to(None)
 
 
 @dataclass(frozen=True)
@@ -69,13 +79,23 @@ def _train(request: RunRequest, reporter: Reporter, job: Job, world: World, owne
     def setup() -> tuple[Run, int]:
         trainer, loaded, task_data = build_trainer(recipe, world, request.task, RunDir(run_dir).snapshot(world.rank))
         first_step, wall_before, notes = resume_state(run_dir, trainer) if request.resume else (0, 0.0, [])
-        run = Run(recipe, run_dir, trainer, loaded, task_data, job, reporter,
-                  request.adapter_dir or RunDir(run_dir).adapter, first_step, wall_before, notes)
+        run = Run(
+            recipe,
+            run_dir,
+            trainer,
+            loaded,
+            task_data,
+            job,
+            reporter,
+            request.adapter_dir or RunDir(run_dir).adapter,
+            first_step,
+            wall_before,
+            notes,
+        )
         check_initial_loss(run)
         return run, first_step
 
-    with rundir.opened_run(run_dir, recipe, request.resume, request.force, world, setup,
-                           job if owner else None) as run:
+    with rundir.opened_run(run_dir, recipe, request.resume, request.force, world, setup, job if owner else None) as run:
         if run is None:
             return {"stopped": job.signals.requested, "steps": 0}
         run.load_time_s = time.perf_counter() - started
@@ -84,23 +104,32 @@ def _train(request: RunRequest, reporter: Reporter, job: Job, world: World, owne
 
 def _run_claimed(run: Run) -> dict:
     """The run once its dir is claimed: before-eval of an overnight job, the loop, the finish."""
-    run.reporter.on_start({"recipe": run.recipe, "run_dir": run.run_dir, "first_step": run.first_step,
-                           "notes": run.notes, "blocks": run.trainer.method.blocks,
-                           "params": sum(p.numel() for p in run.trainer.params),
-                           "layers": len(run.loaded.layers)})
+    run.reporter.on_start(
+        {
+            "recipe": run.recipe,
+            "run_dir": run.run_dir,
+            "first_step": run.first_step,
+            "notes": run.notes,
+            "blocks": run.trainer.method.blocks,
+            "params": sum(p.numel() for p in run.trainer.params),
+            "layers": len(run.loaded.layers),
+        }
+    )
     if run.world.is_main and run.recipe.overnight.report and run.job.state["eval_before"] is None:
         run.job.state["eval_before"] = run.held_out_metrics()
     run_steps(run, hooks_for(run))
     summary = _finish(run)
     run.reporter.on_end(summary)
-    run.world.barrier()  # no rank leaves before rank 0 has written the run's files
+    # no rank leaves before rank 0 has written the run's files
+    run.world.barrier()
     if run.diverged:
         raise run.diverged
     return summary
 
 
-def build_trainer(recipe: Recipe, world: World = SINGLE, task: TaskData | None = None,
-                  snapshot_dir: Path | None = None):
+def build_trainer(
+    recipe: Recipe, world: World = SINGLE, task: TaskData | None = None, snapshot_dir: Path | None = None
+):
     """Set up in dependency order: threads and seed, backend, model, data (loaded once; this rank's shard), the
     method with its optimizer (built over all LoRA parameters before any block is frozen), LR schedule.
     `snapshot_dir`: where divergence.snapshot disk keeps its files (a temporary dir when None)."""
@@ -118,11 +147,28 @@ def build_trainer(recipe: Recipe, world: World = SINGLE, task: TaskData | None =
     batches = build_train_batches(recipe, loaded.tokenizer, task, (world.rank, world.size))
     params = lora_parameters(loaded.model)
     method, optimizer = build_method(recipe, loaded.model, loaded.layers, params)
-    lr_scheduler = get_scheduler(recipe.train.lr_scheduler, optimizer, num_warmup_steps=recipe.train.warmup_steps,
-                                 num_training_steps=recipe.train.max_steps)
-    trainer = Trainer(loaded.model, params, optimizer, lr_scheduler, method, batches, backend, recipe.train.grad_accum,
-                      recipe.train.max_grad_norm, recipe.train.autocast, recipe.divergence,
-                      functools.partial(causal_lm_loss, probe=loaded.probe), world, snapshot_dir)
+    lr_scheduler = get_scheduler(
+        recipe.train.lr_scheduler,
+        optimizer,
+        num_warmup_steps=recipe.train.warmup_steps,
+        num_training_steps=recipe.train.max_steps,
+    )
+    trainer = Trainer(
+        loaded.model,
+        params,
+        optimizer,
+        lr_scheduler,
+        method,
+        batches,
+        backend,
+        recipe.train.grad_accum,
+        recipe.train.max_grad_norm,
+        recipe.train.autocast,
+        recipe.divergence,
+        functools.partial(causal_lm_loss, probe=loaded.probe),
+        world,
+        snapshot_dir,
+    )
     return trainer, loaded, task
 
 
@@ -152,13 +198,16 @@ def _finish(run: Run) -> dict:
     """Rank 0: the adapter, summary.json, job.json and the report. Other ranks only return their step count."""
     if not run.world.is_main:
         return {"steps": run.done, "rank": run.world.rank}
-    if not (run.diverged and run.recipe.divergence.snapshot == "none"):  # no snapshot: the weights are the diverged
+    # no snapshot: the weights are the diverged
+    if not (run.diverged and run.recipe.divergence.snapshot == "none"):
         save_adapter(run.loaded.model, run.adapter_dir)
     summary = summarize(rundir.read_metrics(RunDir(run.run_dir).metrics), run.trainer.method, run.wall_time_s())
     summary["diverged"] = run.diverged is not None
-    summary["memory"] = breakdown(run.loaded.model, run.loaded.probe, run.loaded.runtime_mb,
-                                  run.trainer.backend.held_weights())
-    if run.trainer.backend.device.type == "cpu":  # one peak: the process's, which the breakdown splits
+    summary["memory"] = breakdown(
+        run.loaded.model, run.loaded.probe, run.loaded.runtime_mb, run.trainer.backend.held_weights()
+    )
+    # one peak: the process's, which the breakdown splits
+    if run.trainer.backend.device.type == "cpu":
         summary["peak_mem_mb"] = summary["memory"]["peak_rss_mb"]
     summary.update(load_time_s=run.load_time_s, run_dir=str(run.run_dir), adapter=str(run.adapter_dir))
     if run.world.size > 1:
@@ -167,11 +216,13 @@ def _finish(run: Run) -> dict:
         summary["stopped"] = run.stopped
         run.job.interrupted(run.done, run.stopped)
     if run.recipe.overnight.report:
-        signalled = run.stopped in ("SIGTERM", "SIGINT")  # asked to go: exit now, evaluate when the run finishes
+        # asked to go: exit now, evaluate when the run finishes
+        signalled = run.stopped in ("SIGTERM", "SIGINT")
         summary["eval_before"] = run.job.state["eval_before"]
         summary["eval_after"] = None if signalled else run.held_out_metrics()
-        write_report(run.run_dir, run.recipe, run.job.state, summary, summary["eval_after"], run.adapter_dir,
-                     run.task.skipped)
+        write_report(
+            run.run_dir, run.recipe, run.job.state, summary, summary["eval_after"], run.adapter_dir, run.task.skipped
+        )
     write_json_atomic(RunDir(run.run_dir).summary, summary)
     run.job.save()
     return summary

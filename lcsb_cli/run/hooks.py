@@ -14,7 +14,7 @@ import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import ClassVar, Protocol
 
 from ..data import TaskData
 from ..errors import BadInput, Diverged
@@ -54,7 +54,8 @@ class MetricsLog:
     number of every row also goes to TensorBoard, as train/NAME or eval/NAME at the row's step."""
 
     def __init__(self, path: Path | None = None, tensorboard: Path | None = None):
-        self.file = open(path, "a") if path is not None else None
+        # held open for the run; close() closes it
+        self.file = open(path, "a") if path is not None else None  # noqa: SIM115
         self.board = None
         if tensorboard is not None:
             from torch.utils.tensorboard import SummaryWriter
@@ -87,19 +88,29 @@ class Run:
     run_dir: Path
     trainer: Trainer
     loaded: LoadedModel
-    task: TaskData  # training and held-out items (periodic eval, the before/after report)
+    # training and held-out items (periodic eval, the before/after report)
+    task: TaskData
     job: Job
     reporter: Reporter
     adapter_dir: Path
-    first_step: int = 0  # the checkpoint's step when resuming
-    wall_before: float = 0.0  # training seconds before this process (resumed runs)
-    notes: list[dict] = field(default_factory=list)  # checkpoints skipped as corrupt on resume
-    log: MetricsLog = field(default_factory=MetricsLog)  # metrics.jsonl on rank 0 (StepLog opens it)
-    done: int = 0  # steps finished
-    stopped: str | None = None  # why the run stopped early: a signal, window_end, max_minutes
-    diverged: Diverged | None = None  # raised after the finish when divergence.action is stop
-    started: float = 0.0  # perf_counter when the loop started (run_steps sets it)
-    load_time_s: float = 0.0  # seconds from the command's start to the first step: model, data, checks
+    # the checkpoint's step when resuming
+    first_step: int = 0
+    # training seconds before this process (resumed runs)
+    wall_before: float = 0.0
+    # checkpoints skipped as corrupt on resume
+    notes: list[dict] = field(default_factory=list)
+    # metrics.jsonl on rank 0 (StepLog opens it)
+    log: MetricsLog = field(default_factory=MetricsLog)
+    # steps finished
+    done: int = 0
+    # why the run stopped early: a signal, window_end, max_minutes
+    stopped: str | None = None
+    # raised after the finish when divergence.action is stop
+    diverged: Diverged | None = None
+    # perf_counter when the loop started (run_steps sets it)
+    started: float = 0.0
+    # seconds from the command's start to the first step: model, data, checks
+    load_time_s: float = 0.0
 
     @property
     def world(self) -> World:
@@ -110,8 +121,9 @@ class Run:
 
     def held_out_metrics(self) -> dict:
         """The held-out metrics (summary_row); the model goes back to training mode."""
-        _, metrics = evaluate_items(self.loaded.model, self.loaded.tokenizer, self.task.held_out, self.recipe,
-                                    self.task.labels)
+        _, metrics = evaluate_items(
+            self.loaded.model, self.loaded.tokenizer, self.task.held_out, self.recipe, self.task.labels
+        )
         self.loaded.model.train()
         return summary_row(metrics)
 
@@ -172,10 +184,14 @@ class DivergenceStop(Hook):
 
     def after_step(self, run: Run, row: dict) -> None:
         if row.get("event") == "diverged" and run.recipe.divergence.action == "stop":
-            kept = (f"saved as checkpoints/step-{run.done}" if run.recipe.divergence.snapshot != "none" else
-                    "the last checkpoint (divergence.snapshot: none)")
-            run.diverged = Diverged(f"training diverged at step {run.done}: {row['reason']}; the last good state "
-                                    f"is {kept}")
+            kept = (
+                f"saved as checkpoints/step-{run.done}"
+                if run.recipe.divergence.snapshot != "none"
+                else "the last checkpoint (divergence.snapshot: none)"
+            )
+            run.diverged = Diverged(
+                f"training diverged at step {run.done}: {row['reason']}; the last good state is {kept}"
+            )
 
 
 def check_initial_loss(run: Run) -> None:
@@ -189,9 +205,11 @@ def check_initial_loss(run: Run) -> None:
     vocab = run.loaded.model.config.get_text_config().vocab_size
     loss, bound = first_batch_loss(run), math.log(vocab) + 1
     if loss > bound:
-        raise BadInput(f"model.name: the model is broken: its loss on the first batch, {loss:.2f}, is above "
-                       f"ln(vocab_size) + 1 = {bound:.2f}, worse than a uniform guess over its {vocab:,} tokens "
-                       "(set train.check_initial_loss=false to train it anyway)")
+        raise BadInput(
+            f"model.name: the model is broken: its loss on the first batch, {loss:.2f}, is above "
+            f"ln(vocab_size) + 1 = {bound:.2f}, worse than a uniform guess over its {vocab:,} tokens "
+            "(set train.check_initial_loss=false to train it anyway)"
+        )
 
 
 def first_batch_loss(run: Run) -> float:
@@ -209,8 +227,15 @@ class PeriodicEval(Hook):
     eval_perplexity; eval_accuracy and eval_f1 for classification; eval_exact_match, eval_rouge1 and eval_rougeL
     for completion and chat)."""
 
-    NAMES = {"loss": "eval_loss", "perplexity": "eval_perplexity", "accuracy": "eval_accuracy", "macro_f1": "eval_f1",
-             "exact_match": "eval_exact_match", "rouge1": "eval_rouge1", "rougeL": "eval_rougeL"}
+    NAMES: ClassVar[dict[str, str]] = {
+        "loss": "eval_loss",
+        "perplexity": "eval_perplexity",
+        "accuracy": "eval_accuracy",
+        "macro_f1": "eval_f1",
+        "exact_match": "eval_exact_match",
+        "rouge1": "eval_rouge1",
+        "rougeL": "eval_rougeL",
+    }
 
     def after_step(self, run: Run, row: dict) -> None:
         every, done = run.recipe.train.eval_every, run.done
@@ -233,11 +258,13 @@ class Checkpointer(Hook):
         return bool(self.save_every and done % self.save_every == 0) or done == self.max_steps
 
     def at_start(self, run: Run) -> None:
-        self.saved_at = run.first_step  # a resumed run's checkpoint is already on disk
+        # a resumed run's checkpoint is already on disk
+        self.saved_at = run.first_step
 
     def after_step(self, run: Run, row: dict) -> None:
         if run.diverged and run.recipe.divergence.snapshot == "none":
-            return  # nothing restored the weights: the last checkpoint stays the last good state
+            # nothing restored the weights: the last checkpoint stays the last good state
+            return
         if self.due(run.done) or run.diverged:
             self._save(run)
 
@@ -250,7 +277,8 @@ class Checkpointer(Hook):
             save_state(run.run_dir, run.done, run.trainer, run.wall_time_s())
         self.saved_at = run.done
         if run.done < self.max_steps and not (run.stopped or run.diverged):
-            run.trainer.good.take()  # what a run resumed here snapshots: both roll back to the same state
+            # what a run resumed here snapshots: both roll back to the same state
+            run.trainer.good.take()
 
 
 def hooks_for(run: Run) -> list[Hook]:

@@ -19,7 +19,8 @@ from ..window import parse_window
 from .distributed import check_parallel_method, init_world
 from .rundir import RunDir
 
-COOL_MARGIN_C = 2.0  # a paused job resumes this far below overnight.max_temp_c
+# a paused job resumes this far below overnight.max_temp_c
+COOL_MARGIN_C = 2.0
 
 
 class GracefulStop:
@@ -45,8 +46,9 @@ class GracefulStop:
 class Job:
     """One process's share of a background run; its totals accumulate in run_dir/job.json."""
 
-    def __init__(self, config, run_dir: Path, clock=time.monotonic, now=dt.datetime.now, sleep=time.sleep,
-                 writes: bool = True):
+    def __init__(
+        self, config, run_dir: Path, clock=time.monotonic, now=dt.datetime.now, sleep=time.sleep, writes: bool = True
+    ):
         self.config, self.path, self.writes = config, RunDir(run_dir).job, writes
         self.window = parse_window(config.window) if config.window else None
         self.clock, self.now, self.sleep = clock, now, sleep
@@ -60,7 +62,8 @@ class Job:
             self.state["resumes"] += 1
 
     def save(self) -> None:
-        if self.writes:  # with several ranks, rank 0 keeps the job's file
+        # with several ranks, rank 0 keeps the job's file
+        if self.writes:
             write_json_atomic(self.path, self.state)
 
     def wait_for_window(self) -> str | None:
@@ -99,7 +102,9 @@ class Job:
         return {"temp_c": start, "paused_s": paused}
 
     def interrupted(self, step: int, reason: str) -> None:
-        self.state["interruptions"].append({"step": step, "reason": reason, "at": self.now().isoformat(timespec="seconds")})
+        self.state["interruptions"].append(
+            {"step": step, "reason": reason, "at": self.now().isoformat(timespec="seconds")}
+        )
 
 
 @contextlib.contextmanager
@@ -114,19 +119,35 @@ def owned_job(recipe, run_dir: Path):
         yield job, world
 
 
-def write_report(run_dir: Path, recipe, state: dict, summary: dict, eval_after: dict | None,
-                 adapter_dir: Path, skipped: list[tuple[int, str]]) -> dict:
+def write_report(
+    run_dir: Path,
+    recipe,
+    state: dict,
+    summary: dict,
+    eval_after: dict | None,
+    adapter_dir: Path,
+    skipped: list[tuple[int, str]],
+) -> dict:
     """The morning report: report.json and the same as report.md (`eval_after` is None after a signal: the job
     exits at once and the run's next finish evaluates)."""
     from ..atomic import write_text_atomic
+
     report = {
-        "steps": summary["steps"], "max_steps": summary.get("max_steps", recipe.train.max_steps),
+        "steps": summary["steps"],
+        "max_steps": summary.get("max_steps", recipe.train.max_steps),
         "finished": not summary.get("stopped"),
-        "stopped": summary.get("stopped"), "wall_time_s": summary["wall_time_s"],
-        "throttled_s": state["throttled_s"], "waited_s": state["waited_s"], "interruptions": state["interruptions"],
-        "resumes": state["resumes"], "eval_before": state["eval_before"], "eval_after": eval_after,
-        "lines_skipped": len(skipped), "skipped": [{"line": line, "reason": reason} for line, reason in skipped],
-        "adapter": str(adapter_dir), "events": summary["events"],
+        "stopped": summary.get("stopped"),
+        "wall_time_s": summary["wall_time_s"],
+        "throttled_s": state["throttled_s"],
+        "waited_s": state["waited_s"],
+        "interruptions": state["interruptions"],
+        "resumes": state["resumes"],
+        "eval_before": state["eval_before"],
+        "eval_after": eval_after,
+        "lines_skipped": len(skipped),
+        "skipped": [{"line": line, "reason": reason} for line, reason in skipped],
+        "adapter": str(adapter_dir),
+        "events": summary["events"],
     }
     write_json_atomic(RunDir(run_dir).report_json, report)
     write_text_atomic(RunDir(run_dir).report_md, report_markdown(report, recipe))
@@ -138,7 +159,8 @@ def report_markdown(report: dict, recipe) -> str:
     keys = [k for k in ("accuracy", "macro_f1", "exact_match", "rouge1", "rougeL", "loss", "perplexity") if k in before]
     status = "finished" if report["finished"] else f"stopped ({report['stopped']}); continue with --resume"
     lines = [
-        f"# Overnight report: {recipe.name}", "",
+        f"# Overnight report: {recipe.name}",
+        "",
         f"- steps: {report['steps']} of {report['max_steps']}, {status}",
         f"- wall time: {report['wall_time_s'] / 60:.1f} min; throttled {report['throttled_s']:.0f} s; "
         f"waited for the window {report['waited_s']:.0f} s",
@@ -146,11 +168,14 @@ def report_markdown(report: dict, recipe) -> str:
         f"{events.get('npu_clock_throttled', 0)} times, restored {events.get('npu_clock_restored', 0)}",
         f"- interruptions: {len(report['interruptions'])}; resumes: {report['resumes']}",
         f"- data lines skipped: {report['lines_skipped']}",
-        f"- adapter: {report['adapter']}", "",
-        "| held-out items | " + " | ".join(keys) + " |", "|" + " --- |" * (len(keys) + 1),
+        f"- adapter: {report['adapter']}",
+        "",
+        "| held-out items | " + " | ".join(keys) + " |",
+        "|" + " --- |" * (len(keys) + 1),
         "| before training | " + " | ".join(f"{before[k]:.3f}" for k in keys) + " |",
-        "| after training | " + " | ".join(f"{after[k]:.3f}" for k in keys) + " |" if after else
-        "| after training | not evaluated: stopped by a signal |" + " |" * (len(keys) - 1),
+        "| after training | " + " | ".join(f"{after[k]:.3f}" for k in keys) + " |"
+        if after
+        else "| after training | not evaluated: stopped by a signal |" + " |" * (len(keys) - 1),
     ]
     lines += [""] * bool(report["interruptions"])
     lines += [f"- interrupted at step {i['step']} by {i['reason']} ({i['at']})" for i in report["interruptions"]]

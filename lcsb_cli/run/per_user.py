@@ -12,11 +12,11 @@ from ..errors import Diverged
 from ..model.memory import reset_peak_rss
 from ..recipe import Recipe, replace_key
 from . import rundir
-from .rundir import RunDir
 from .distributed import World
 from .engine import train
 from .hooks import SilentReporter
 from .job import Job, owned_job, write_report
+from .rundir import RunDir
 from .summary import aggregate
 
 
@@ -43,17 +43,27 @@ def _train_users(recipe: Recipe, run: RunDir, reporter, resume: bool, job: Job, 
     if recipe.overnight.report and world.is_main and job.state["eval_before"] is None:
         job.state["eval_before"] = _users_eval(recipe, run.eval_before, None)
         job.save()
-    for user_id in user_ids[world.rank::world.size]:
+    for user_id in user_ids[world.rank :: world.size]:
         sub = run.user(user_id)
         if _finished_summary(sub):
             continue
         user_reporter = reporter.for_user(user_id) if hasattr(reporter, "for_user") else reporter
         try:
-            gc.collect()  # the previous user's model sits in reference cycles: free it before the next loads
-            reset_peak_rss()  # each user's summary holds its own peak, not the process's so far
+            # the previous user's model sits in reference cycles: free it before the next loads
+            gc.collect()
+            # each user's summary holds its own peak, not the process's so far
+            reset_peak_rss()
             user_recipe = replace_key(replace_key(recipe, "data.user", user_id), "overnight.report", False)
-            summary = train(user_recipe, sub.root, user_reporter, resume=resume and sub.holds_run(), force=True,
-                            adapter_dir=run.user_adapter(user_id), job=job, task=tasks[user_id])
+            summary = train(
+                user_recipe,
+                sub.root,
+                user_reporter,
+                resume=resume and sub.holds_run(),
+                force=True,
+                adapter_dir=run.user_adapter(user_id),
+                job=job,
+                task=tasks[user_id],
+            )
         except Diverged as exc:
             raise Diverged(f"user {user_id} (users/{user_id}): {exc}") from exc
         if summary.get("stopped"):
@@ -68,8 +78,12 @@ def _per_user_summary(recipe: Recipe, run: RunDir, user_ids: list[str], reporter
     """Totals over the users' runs on disk; `stopped` while any user's run is unfinished. With overnight.report,
     the held-out metrics before (the base) and after (each user's adapter) go into it and report.json/md."""
     summaries = [json.loads(run.user(u).summary.read_text()) for u in user_ids if run.user(u).summary.is_file()]
-    summary = {**(aggregate(summaries) if summaries else {"steps": 0}), "users": len(summaries),
-               "max_steps": recipe.train.max_steps * len(user_ids), "run_dir": str(run.root)}
+    summary = {
+        **(aggregate(summaries) if summaries else {"steps": 0}),
+        "users": len(summaries),
+        "max_steps": recipe.train.max_steps * len(user_ids),
+        "run_dir": str(run.root),
+    }
     stopped = next((s["stopped"] for s in summaries if s.get("stopped")), None)
     if stopped or len(summaries) < len(user_ids):
         summary["stopped"] = stopped or "not every user trained"

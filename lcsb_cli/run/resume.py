@@ -17,11 +17,16 @@ KEEP_CHECKPOINTS = 3
 
 def save_state(run_dir: Path, step: int, trainer, wall_time_s: float) -> None:
     state = {
-        "step": step, "wall_time_s": wall_time_s, "optimizer": trainer.optimizer.state_dict(),
-        "lr_scheduler": trainer.lr_scheduler.state_dict(), "method": trainer.method.state_dict(),
+        "step": step,
+        "wall_time_s": wall_time_s,
+        "optimizer": trainer.optimizer.state_dict(),
+        "lr_scheduler": trainer.lr_scheduler.state_dict(),
+        "method": trainer.method.state_dict(),
         "trainer": trainer.state_dict(),
-        "rng": {"torch": torch.get_rng_state(),
-                "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []},
+        "rng": {
+            "torch": torch.get_rng_state(),
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        },
     }
     adapter = get_peft_model_state_dict(trainer.model, save_embedding_layers=False)
     save_checkpoint(RunDir(run_dir).checkpoints, step, adapter, state, keep=KEEP_CHECKPOINTS)
@@ -57,5 +62,6 @@ def restore(adapter: dict, state: dict, trainer) -> None:
 
 def save_adapter(model, target: Path) -> None:
     """PEFT format (adapter_config.json + adapter_model.safetensors), replaced atomically."""
-    write_dir(target, lambda tmp: model.save_pretrained(tmp, save_embedding_layers=False), replace=True)  # LoRA never
+    # LoRA never
+    write_dir(target, lambda tmp: model.save_pretrained(tmp, save_embedding_layers=False), replace=True)
     # targets embeddings, so peft need not look the base up (on the Hub) to decide whether to save them

@@ -15,8 +15,8 @@ import yaml
 
 from ..atomic import write_text_atomic
 from ..errors import BadInput
-from ..recipe import Recipe, dump, load_recipe, recipe_from_dict, replace_key, to_dict
 from ..paths import recipe_file
+from ..recipe import Recipe, dump, load_recipe, recipe_from_dict, replace_key, to_dict
 from ..runtime import LOG_FILE, log_to
 from .checkpoint import checkpoint_dirs
 
@@ -24,7 +24,8 @@ from .checkpoint import checkpoint_dirs
 RESUMABLE_CHANGES = {"train.max_steps", "train.log_every", "train.save_every", "train.threads", "output_dir"}
 
 
-_HELD: set[Path] = set()  # the run dirs whose lock this process holds
+# the run dirs whose lock this process holds
+_HELD: set[Path] = set()
 
 
 @dataclass(frozen=True)
@@ -34,9 +35,25 @@ class RunDir:
 
     root: Path
 
-    FILES = ("config.yaml", "metrics.jsonl", "summary.json", "adapter", "adapter-last", "checkpoints", "users",
-             "adapters", "eval.json", "predictions.json", "job.json", "report.md", "report.json", "snapshot",
-             "tensorboard", "eval-before", LOG_FILE)
+    FILES = (
+        "config.yaml",
+        "metrics.jsonl",
+        "summary.json",
+        "adapter",
+        "adapter-last",
+        "checkpoints",
+        "users",
+        "adapters",
+        "eval.json",
+        "predictions.json",
+        "job.json",
+        "report.md",
+        "report.json",
+        "snapshot",
+        "tensorboard",
+        "eval-before",
+        LOG_FILE,
+    )
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "root", Path(self.root))
@@ -75,7 +92,9 @@ class RunDir:
         return bool(self.run_paths())
 
     def run_paths(self) -> list[Path]:
-        return [p for p in [*(self.root / name for name in self.FILES), *self.root.glob("snapshot-rank*")] if p.exists()]
+        return [
+            p for p in [*(self.root / name for name in self.FILES), *self.root.glob("snapshot-rank*")] if p.exists()
+        ]
 
     def adapter_of(self, user: str | None, per_user: bool) -> Path | None:
         """The run's adapter/, or adapters/USER/; None for a per-user run when no user is named."""
@@ -119,15 +138,17 @@ class RunDir:
             yield self
         finally:
             _HELD.discard(key)
-            os.close(fd)  # closing the descriptor releases the lock
+            # closing the descriptor releases the lock
+            os.close(fd)
 
     def _try_lock(self, fd: int) -> None:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "another process"
-            raise BadInput(f"{self.root}: process {holder} is writing this run ({self.lock.name}); wait for it to "
-                           "end or stop it") from None
+            raise BadInput(
+                f"{self.root}: process {holder} is writing this run ({self.lock.name}); wait for it to end or stop it"
+            ) from None
 
 
 def check_fresh(run_dir: Path, force: bool) -> None:
@@ -155,16 +176,20 @@ def check_resume(run_dir: Path, recipe: Recipe) -> None:
     up to RESUMABLE_CHANGES."""
     run = RunDir(run_dir)
     per_user = recipe.data.user == "all"
-    started = (any(RunDir(d).holds_run() for d in (run.root / "users").glob("*")) if per_user
-               else checkpoint_dirs(run.checkpoints))
+    started = (
+        any(RunDir(d).holds_run() for d in (run.root / "users").glob("*"))
+        if per_user
+        else checkpoint_dirs(run.checkpoints)
+    )
     if not started or not run.is_run():
         raise BadInput(f"{run_dir}: no checkpoint to resume from (start a fresh run without --resume)")
     saved = yaml.safe_load(run.config.read_text())
     for key in _differing_keys(to_dict(recipe_from_dict(saved or {})), to_dict(recipe)):
         if key not in RESUMABLE_CHANGES:
-            raise BadInput(f"--resume: {key} differs from the run's config.yaml; only "
-                           f"{', '.join(sorted(RESUMABLE_CHANGES))} may change on resume")
-
+            raise BadInput(
+                f"--resume: {key} differs from the run's config.yaml; only "
+                f"{', '.join(sorted(RESUMABLE_CHANGES))} may change on resume"
+            )
 
 
 def claim(run_dir: Path, recipe: Recipe, resume: bool, resumed_step: int) -> None:
@@ -194,7 +219,8 @@ def read_metrics(path: Path) -> list[dict]:
         for line in path.read_text().splitlines():
             try:
                 rows.append(json.loads(line))
-            except json.JSONDecodeError:  # a line cut short by a kill
+            # a line cut short by a kill
+            except json.JSONDecodeError:
                 continue
     return rows
 
@@ -219,7 +245,8 @@ def opened_run(run_dir: Path, recipe: Recipe, resume: bool, force: bool, world, 
         yield None
         return
     value, first_step = setup()
-    world.barrier()  # every rank has checked the run dir before rank 0 writes into it
+    # every rank has checked the run dir before rank 0 writes into it
+    world.barrier()
     with RunDir(run_dir).writer() if world.is_main else contextlib.nullcontext():
         if world.is_main:
             claim(run_dir, recipe, resume, first_step)
@@ -229,8 +256,9 @@ def opened_run(run_dir: Path, recipe: Recipe, resume: bool, force: bool, world, 
         yield value
 
 
-def resolve_target(target: str, overrides: list[str], adapter: Path | None, user: str | None = None,
-                   model_dir_ok: bool = False) -> tuple[Recipe, Path | None, Path | None]:
+def resolve_target(
+    target: str, overrides: list[str], adapter: Path | None, user: str | None = None, model_dir_ok: bool = False
+) -> tuple[Recipe, Path | None, Path | None]:
     """(recipe, adapter, run dir) of eval's and generate's TARGET: a recipe file or shipped name (the base model, or
     --adapter); a run dir (its config.yaml and adapter/, or adapters/USER/; a per-user run without --user: no
     adapter); with model_dir_ok, a merged export (an HF dir without config.yaml: the default recipe on it)."""
@@ -256,8 +284,10 @@ def resolve_target(target: str, overrides: list[str], adapter: Path | None, user
 def _model_dir_recipe(model_dir: Path, overrides: list[str]) -> Recipe:
     """A merged export carries no recipe: the defaults, with model.name pointing at it."""
     if overrides:
-        raise BadInput(f"{model_dir}: a model dir takes no KEY=VALUE overrides; give a recipe and "
-                       f"model.name={model_dir} with them instead")
+        raise BadInput(
+            f"{model_dir}: a model dir takes no KEY=VALUE overrides; give a recipe and "
+            f"model.name={model_dir} with them instead"
+        )
     return replace_key(Recipe(name=model_dir.name), "model.name", str(model_dir.resolve()))
 
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import torch
 
@@ -15,7 +15,7 @@ from ..data.batching import BatchStream
 from ..errors import BadInput
 from ..methods import Method
 from ..model.losses import causal_lm_loss
-from ..recipe import DivergenceConfig
+from ..recipe_schema import DivergenceConfig
 from .distributed import SINGLE, World
 from .divergence import DivergenceGuard, GoodState, all_finite, make_snapshot, scale_lr
 
@@ -33,22 +33,27 @@ class Trainer:
     optimizer: torch.optim.Optimizer
     lr_scheduler: torch.optim.lr_scheduler.LRScheduler
     method: Method
-    batches: BatchStream  # .batch(index) -> dict of tensors; a pure function of index
+    # .batch(index) -> dict of tensors; a pure function of index
+    batches: BatchStream
     backend: Backend
     grad_accum: int
     max_grad_norm: float
     autocast: str
-    divergence: DivergenceConfig  # action, spike_factor, patience, lr_backoff
+    # action, spike_factor, patience, lr_backoff
+    divergence: DivergenceConfig
     loss_fn: Callable = causal_lm_loss
-    world: World = SINGLE  # data parallel: the loss and the active block's gradients are summed over ranks
-    snapshot_dir: Path | None = None  # divergence.snapshot disk: where the rollback snapshot lives
+    # data parallel: the loss and the active block's gradients are summed over ranks
+    world: World = SINGLE
+    # divergence.snapshot disk: where the rollback snapshot lives
+    snapshot_dir: Path | None = None
 
     def __post_init__(self):
         self.guard = DivergenceGuard(self.divergence.spike_factor, self.divergence.patience)
-        self.good = GoodState(self.params, self.optimizer,
-                              make_snapshot(self.divergence.snapshot, self.snapshot_dir))
-        self.notes: list[dict] = []  # event rows the backend raised (throttling, precision choice)
-        self.suspect = False  # whether updates since the snapshot belong to the divergence being handled
+        self.good = GoodState(self.params, self.optimizer, make_snapshot(self.divergence.snapshot, self.snapshot_dir))
+        # event rows the backend raised (throttling, precision choice)
+        self.notes: list[dict] = []
+        # whether updates since the snapshot belong to the divergence being handled
+        self.suspect = False
 
     def step(self, step: int) -> dict:
         """Run step number `step` (0-based) and return its metrics row."""
@@ -72,9 +77,19 @@ class Trainer:
         if self.divergence.snapshot == "disk":
             device_metrics["snapshot_write_mb"] = self.good.written_mb()
         return {
-            "step": step + 1, "loss": loss, "lr": lr, "grad_norm": grad_norm, "tokens": tokens,
-            "tokens_per_s": tokens / elapsed, "step_time_s": elapsed, "peak_mem_mb": self.backend.peak_mem_mb(),
-            "active_block": active, "method": self.method.name, **timing, **device_metrics, **outcome,
+            "step": step + 1,
+            "loss": loss,
+            "lr": lr,
+            "grad_norm": grad_norm,
+            "tokens": tokens,
+            "tokens_per_s": tokens / elapsed,
+            "step_time_s": elapsed,
+            "peak_mem_mb": self.backend.peak_mem_mb(),
+            "active_block": active,
+            "method": self.method.name,
+            **timing,
+            **device_metrics,
+            **outcome,
         }
 
     def _backprop_update(self, micro: list[dict], n_targets: int, active: int | None):
@@ -95,11 +110,13 @@ class Trainer:
         communicated = self.world.sync_grads(self.params)
         grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, self.max_grad_norm or math.inf))
         self.method.after_backward(active, grad_norm)
-        self.suspect = self.guard.spikes > 0  # updates of a run of spikes are in the weights
+        # updates of a run of spikes are in the weights
+        self.suspect = self.guard.spikes > 0
         problem = self.guard.check(loss, grad_norm)
         if problem is None:
             if self.guard.spikes <= 1:
-                self.good.take()  # before a clean step's update or the first spiking one: the state to return to
+                # before a clean step's update or the first spiking one: the state to return to
+                self.good.take()
             self.method.before_optimizer_step(active)
             self.optimizer.step()
             if not all_finite(self.params):
@@ -114,7 +131,8 @@ class Trainer:
 
         if self.guard.spikes == 0:
             self.good.take()
-        self.suspect = True  # the update is applied before its loss is judged
+        # the update is applied before its loss is judged
+        self.suspect = True
         loss, grad_norm = self.method.zeroth_order_step(loss_at, lr)
         problem = self.guard.check(loss, grad_norm)
         if problem is None and not all_finite(self.params):
@@ -140,8 +158,10 @@ class Trainer:
     def load_state_dict(self, state: dict) -> None:
         saved = state.get("world_size", 1)
         if saved != self.world.size:
-            raise BadInput(f"--resume: the run was trained with {saved} process(es), this is {self.world.size}; "
-                           f"resume with --nproc {saved}")
+            raise BadInput(
+                f"--resume: the run was trained with {saved} process(es), this is {self.world.size}; "
+                f"resume with --nproc {saved}"
+            )
         self.guard.load_state_dict(state["guard"])
         self.backend.load_state_dict(state["backend"])
         self.good.reset()

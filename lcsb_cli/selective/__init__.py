@@ -7,8 +7,13 @@ import importlib
 
 from .choices import IDLE_UPDATES, SCHEDULES, UPPER_PATHS
 
-_MODULE_OF = {"surrogate_agreement": "diagnose", "SelectiveLayers": "layers", "IdleMomentum": "optim",
-              "BlockSchedule": "schedule", "partition": "schedule"}
+_MODULE_OF = {
+    "surrogate_agreement": "diagnose",
+    "SelectiveLayers": "layers",
+    "IdleMomentum": "optim",
+    "BlockSchedule": "schedule",
+    "partition": "schedule",
+}
 
 __all__ = ["IDLE_UPDATES", "SCHEDULES", "UPPER_PATHS", *_MODULE_OF]
 

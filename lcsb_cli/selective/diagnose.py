@@ -10,8 +10,9 @@ from torch import nn
 from .layers import SelectiveLayers
 
 
-def surrogate_agreement(layers: Sequence[nn.Module], blocks: Sequence[range], loss_fn: Callable[[], torch.Tensor],
-                        windows: Sequence[int]) -> dict[tuple[int, int], tuple[float, float]]:
+def surrogate_agreement(
+    layers: Sequence[nn.Module], blocks: Sequence[range], loss_fn: Callable[[], torch.Tensor], windows: Sequence[int]
+) -> dict[tuple[int, int], tuple[float, float]]:
     """{(block, W): (cosine, norm ratio)} of each block's gradient with W layers above it backpropagating exactly
     (identity beyond) against its true gradient (full backprop); `loss_fn` runs the model's forward and loss."""
     layer_params = [[p for p in layer.parameters() if p.requires_grad] for layer in layers]
@@ -26,7 +27,8 @@ def surrogate_agreement(layers: Sequence[nn.Module], blocks: Sequence[range], lo
                 got = torch.cat([g.flatten() for g in _gradients(loss_fn, selective.block_parameters(block))])
                 agreement[block, window] = (
                     float(torch.nn.functional.cosine_similarity(got, true_blocks[block], dim=0)),
-                    float(got.norm() / true_blocks[block].norm()))
+                    float(got.norm() / true_blocks[block].norm()),
+                )
         finally:
             selective.remove()
     return agreement
@@ -40,6 +42,6 @@ def _gradients(loss_fn: Callable[[], torch.Tensor], params: list[nn.Parameter]) 
 def _by_block(flat: list[torch.Tensor], layer_params: list[list[nn.Parameter]], blocks: Sequence[range]):
     per_layer, index = [], 0
     for params in layer_params:
-        per_layer.append(flat[index:index + len(params)])
+        per_layer.append(flat[index : index + len(params)])
         index += len(params)
     return [torch.cat([g.flatten() for i in block for g in per_layer[i]]) for block in blocks]

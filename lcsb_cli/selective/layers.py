@@ -13,10 +13,14 @@ from .choices import UPPER_PATHS
 
 
 class Role(enum.Enum):
-    BELOW = "below"  # no autograd: nothing here trains and no gradient needs to reach it
-    ACTIVE = "active"  # full autograd (optionally recomputed in backward)
-    EXACT = "exact"  # above the active block, within its exact window: autograd, LoRA frozen
-    IDENTITY = "identity"  # above, beyond the window: straight-through residual, no graph
+    # no autograd: nothing here trains and no gradient needs to reach it
+    BELOW = "below"
+    # full autograd (optionally recomputed in backward)
+    ACTIVE = "active"
+    # above the active block, within its exact window: autograd, LoRA frozen
+    EXACT = "exact"
+    # above, beyond the window: straight-through residual, no graph
+    IDENTITY = "identity"
 
 
 class _StraightThrough(torch.autograd.Function):
@@ -111,6 +115,7 @@ class SelectiveLayers:
 def _straight_through(hidden: torch.Tensor, forward: Callable, args: tuple, kwargs: dict):
     with torch.no_grad():
         out = forward(*args, **kwargs)
-    if isinstance(out, tuple):  # transformers < 5 returns (hidden_states, ...)
+    # transformers < 5 returns (hidden_states, ...)
+    if isinstance(out, tuple):
         return (_StraightThrough.apply(hidden, out[0]), *out[1:])
     return _StraightThrough.apply(hidden, out)

@@ -6,7 +6,8 @@ import torch
 
 from .choices import SCHEDULES
 
-EMA = 0.7  # weight of the previous estimate in a block's gradient-norm average
+# weight of the previous estimate in a block's gradient-norm average
+EMA = 0.7
 
 
 def partition(num_layers: int, num_blocks: int) -> list[range]:
@@ -77,8 +78,13 @@ class BlockSchedule:
         return torch.randperm(self.num_blocks, generator=self.generator).tolist()
 
     def state_dict(self) -> dict:
-        return {"step": self.step, "order": list(self.order), "rng": self.generator.get_state(),
-                "grad_ema": list(self.grad_ema), "last_step": list(self.last_step)}
+        return {
+            "step": self.step,
+            "order": list(self.order),
+            "rng": self.generator.get_state(),
+            "grad_ema": list(self.grad_ema),
+            "last_step": list(self.last_step),
+        }
 
     def load_state_dict(self, state: dict) -> None:
         self.step, self.order = int(state["step"]), [int(b) for b in state["order"]]

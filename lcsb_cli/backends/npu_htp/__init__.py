@@ -20,7 +20,8 @@ class NpuHtpBackend(NpuSimBackend):
 
     def __init__(self, config):
         super().__init__(config)
-        self.fallen: list[str] = []  # layers HTP failed: on the CPU lane for the rest of the run
+        # layers HTP failed: on the CPU lane for the rest of the run
+        self.fallen: list[str] = []
 
     def make_executor(self) -> HtpExecutor:
         return HtpExecutor(int(self.profile.htp_arch), int(self.profile.soc_model), self.config.overlap)

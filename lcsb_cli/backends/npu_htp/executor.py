@@ -19,8 +19,10 @@ from ..npu_sim.executor import NpuExecutor, Resident, product_error
 from .graphs import product_graph
 from .session import HtpError, HtpGraph, provider_options
 
-HTP_PRECISIONS = ("w8a8", "w8a16", "fp16")  # cheapest first: auto takes the first whose error passes
-GRAPH_ROWS = 64  # HTP compiles static shapes: products run 64 rows at a time, the last block zero-padded
+# cheapest first: auto takes the first whose error passes
+HTP_PRECISIONS = ("w8a8", "w8a16", "fp16")
+# HTP compiles static shapes: products run 64 rows at a time, the last block zero-padded
+GRAPH_ROWS = 64
 
 
 @dataclass
@@ -38,13 +40,19 @@ class ModeCalibration:
 
     def choose(self, threshold: float) -> dict[str, str]:
         """Each calibrated layer's cheapest precision whose error and underflow stay within `threshold`, else fp32."""
-        return {name: next((p for p in HTP_PRECISIONS if errors[p] <= threshold
-                            and self.underflow[name][p] <= threshold), "fp32")
-                for name, errors in self.relative_error.items()}
+        return {
+            name: next(
+                (p for p in HTP_PRECISIONS if errors[p] <= threshold and self.underflow[name][p] <= threshold), "fp32"
+            )
+            for name, errors in self.relative_error.items()
+        }
 
     def summary(self) -> dict:
-        return {"max_relative_error": {p: max((e[p] for e in self.relative_error.values()), default=0.0)
-                                       for p in HTP_PRECISIONS}}
+        return {
+            "max_relative_error": {
+                p: max((e[p] for e in self.relative_error.values()), default=0.0) for p in HTP_PRECISIONS
+            }
+        }
 
 
 class HtpExecutor(NpuExecutor):
@@ -54,7 +62,8 @@ class HtpExecutor(NpuExecutor):
         super().__init__("int8", row_protection=True, overlap=overlap)
         self.htp_arch, self.soc_model = htp_arch, soc_model
         self.graphs: dict[tuple[str, str, bool], HtpGraph] = {}
-        self.fallbacks: list[str] = []  # layers moved to the CPU lane since the last report
+        # layers moved to the CPU lane since the last report
+        self.fallbacks: list[str] = []
         self.compile_s = 0.0
         self.calibration: ModeCalibration | None = None
 
@@ -72,8 +81,9 @@ class HtpExecutor(NpuExecutor):
         if precision == "fp32":
             return super()._product(a, res, contract_rows, "fp32")
         try:
-            return self._unit_scale_product(a, res, contract_rows, lambda rows: self._run(res, precision, contract_rows,
-                                                                                          rows))
+            return self._unit_scale_product(
+                a, res, contract_rows, lambda rows: self._run(res, precision, contract_rows, rows)
+            )
         except HtpError:
             self.fallbacks.append(res.name)
             res.precision = "fp32"
@@ -88,11 +98,17 @@ class HtpExecutor(NpuExecutor):
         if key not in self.graphs:
             started = time.perf_counter()
             codes = res.codes.numpy()
-            model = product_graph(codes, GRAPH_ROWS, precision, contract_rows,
-                                  qdq.output_range(res.codes, precision, contract_rows) if precision != "fp16" else 0.0)
+            model = product_graph(
+                codes,
+                GRAPH_ROWS,
+                precision,
+                contract_rows,
+                qdq.output_range(res.codes, precision, contract_rows) if precision != "fp16" else 0.0,
+            )
             direction = "input-grad" if contract_rows else "forward"
-            self.graphs[key] = HtpGraph(f"layer {res.name} ({precision} {direction})", model,
-                                        provider_options(self.htp_arch, self.soc_model))
+            self.graphs[key] = HtpGraph(
+                f"layer {res.name} ({precision} {direction})", model, provider_options(self.htp_arch, self.soc_model)
+            )
             self.compile_s += time.perf_counter() - started
         return self.graphs[key]
 

@@ -29,7 +29,8 @@ class HtpError(RuntimeError):
 
 @functools.cache
 def qnn_devices() -> list:
-    ort.set_default_logger_severity(3)  # errors only: the provider's start-up warnings are about other platforms
+    # errors only: the provider's start-up warnings are about other platforms
+    ort.set_default_logger_severity(3)
     ort.register_execution_provider_library("QNNExecutionProvider", onnxruntime_qnn.get_library_path())
     devices = [d for d in ort.get_ep_devices() if d.ep_name == "QNNExecutionProvider"]
     if not devices:
@@ -41,8 +42,12 @@ def provider_options(htp_arch: int, soc_model: int) -> dict[str, str]:
     """One set of options for every session of a process: sessions opened with different options (say, the fp16
     ones' soc_model) make the others' later runs fail with QNN_COMMON_ERROR_GENERAL. enable_htp_fp16_precision
     runs float graphs at fp16 (which needs soc_model) and leaves quantized graphs as they are."""
-    return {"backend_type": "htp", "htp_arch": str(htp_arch), "soc_model": str(soc_model),
-            "enable_htp_fp16_precision": "1"}
+    return {
+        "backend_type": "htp",
+        "htp_arch": str(htp_arch),
+        "soc_model": str(soc_model),
+        "enable_htp_fp16_precision": "1",
+    }
 
 
 def _session_options(provider: dict[str, str], context_path: Path | None = None) -> ort.SessionOptions:
@@ -75,9 +80,11 @@ class HtpGraph:
                 session = ort.InferenceSession(str(self.context_path), _session_options(self.provider))
             else:
                 session = self._compile()
-            session.disable_fallback()  # onnxruntime's own retry on the CPU provider: never
+            # onnxruntime's own retry on the CPU provider: never
+            session.disable_fallback()
             return session
-        except Exception as exc:  # onnxruntime raises its own Fail/RuntimeException types
+        # onnxruntime raises its own Fail/RuntimeException types
+        except Exception as exc:
             raise HtpError(f"{self.name}: HTP did not take the graph ({str(exc).splitlines()[0]})") from exc
 
     def _compile(self) -> ort.InferenceSession:
@@ -85,7 +92,8 @@ class HtpGraph:
         self.context_path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(suffix="_ctx.onnx", dir=self.context_path.parent)
         os.close(fd)
-        os.unlink(tmp)  # onnxruntime refuses to overwrite an existing context file
+        # onnxruntime refuses to overwrite an existing context file
+        os.unlink(tmp)
         try:
             session = ort.InferenceSession(self.model_bytes, _session_options(self.provider, Path(tmp)))
             os.replace(tmp, self.context_path)
@@ -100,7 +108,7 @@ class HtpGraph:
         count = rows.shape[0]
         padded = np.zeros((-(-count // self.rows) * self.rows, rows.shape[1]), np.float32)
         padded[:count] = rows
-        blocks = [self._run_block(padded[start:start + self.rows]) for start in range(0, len(padded), self.rows)]
+        blocks = [self._run_block(padded[start : start + self.rows]) for start in range(0, len(padded), self.rows)]
         return np.concatenate(blocks)[:count]
 
     def _run_block(self, block: np.ndarray) -> np.ndarray:

@@ -18,8 +18,10 @@ from .linear import install
 
 class NpuSimBackend(CpuBackend):
     name = "npu-sim"
-    idle_poll_s = 10.0  # simulated seconds of idle cooling per reading
-    calibrating_precision = "fp16"  # precision=auto: every layer's precision until calibration chooses
+    # simulated seconds of idle cooling per reading
+    idle_poll_s = 10.0
+    # precision=auto: every layer's precision until calibration chooses
+    calibrating_precision = "fp16"
 
     def __init__(self, config):
         self.config = config
@@ -27,9 +29,11 @@ class NpuSimBackend(CpuBackend):
         self.device_model = DeviceModel(self.profile, config.overlap)
         self.executor = self.make_executor()
         self.trainable = 0
-        self.precisions: dict[str, str] = {}  # layer name -> product precision
+        # layer name -> product precision
+        self.precisions: dict[str, str] = {}
         self._step = 0
-        self._idle_events: list[dict] = []  # clock events while the job paused, logged with the next step
+        # clock events while the job paused, logged with the next step
+        self._idle_events: list[dict] = []
 
     def make_executor(self) -> NpuExecutor:
         return NpuExecutor(self.config.weights, self.config.row_protection, self.config.overlap)
@@ -49,7 +53,8 @@ class NpuSimBackend(CpuBackend):
         before = self.device_model.temp_c
         events = self.device_model.advance(seconds, self.profile.idle_power_w)
         self._idle_events += [self._thermal_event(e) for e in events]
-        return self.device_model.temp_c < before - 1e-3  # else idle is as cool as this profile gets
+        # else idle is as cool as this profile gets
+        return self.device_model.temp_c < before - 1e-3
 
     def _thermal_event(self, event: str) -> dict:
         device = self.device_model
@@ -74,7 +79,8 @@ class NpuSimBackend(CpuBackend):
             self.executor.calibration = self.new_calibration()
 
     def end_step(self) -> tuple[dict, list[dict]]:
-        n = self.trainable  # AdamW: ~10 flops a parameter; reads p, g, m, v and writes p, m, v in fp32
+        # AdamW: ~10 flops a parameter; reads p, g, m, v and writes p, m, v in fp32
+        n = self.trainable
         self.device_model.cpu([(10.0 * n, 28.0 * n)])
         metrics, thermal = self.device_model.end_step()
         step = self._step + 1
@@ -85,8 +91,15 @@ class NpuSimBackend(CpuBackend):
             chosen = calibration.choose(self.config.fp32_threshold)
             self._set_precisions(self.precisions | chosen)
             calibrated = {p: sorted(n for n in chosen if chosen[n] == p) for p in sorted(set(chosen.values()))}
-            events.append({"step": step, "event": "precision", "fp32_layers": self.fp32_layers,
-                           "calibrated": calibrated, **calibration.summary()})
+            events.append(
+                {
+                    "step": step,
+                    "event": "precision",
+                    "fp32_layers": self.fp32_layers,
+                    "calibrated": calibrated,
+                    **calibration.summary(),
+                }
+            )
             self.executor.calibration = None
         return {**metrics, "npu_protected_rows": self.executor.protected_rows}, events
 
@@ -100,9 +113,12 @@ class NpuSimBackend(CpuBackend):
 
     def state_dict(self) -> dict:
         calibration = self.executor.calibration
-        return {"device": self.device_model.state_dict(), "precisions": self.precisions,
-                "protected_rows": self.executor.protected_rows,
-                "calibration": None if calibration is None else vars(calibration)}
+        return {
+            "device": self.device_model.state_dict(),
+            "precisions": self.precisions,
+            "protected_rows": self.executor.protected_rows,
+            "calibration": None if calibration is None else vars(calibration),
+        }
 
     def load_state_dict(self, state: dict) -> None:
         self.device_model.load_state_dict(state["device"])
@@ -110,4 +126,3 @@ class NpuSimBackend(CpuBackend):
         self.executor.protected_rows = state["protected_rows"]
         calibration = state["calibration"]
         self.executor.calibration = None if calibration is None else type(self.new_calibration())(**calibration)
-

@@ -22,7 +22,8 @@ from torch import nn
 from ...model.shape import LayerShape
 from .device import DeviceModel
 
-VALUE_BYTES = 4.0  # the CPU lane computes in fp32
+# the CPU lane computes in fp32
+VALUE_BYTES = 4.0
 BACKWARD = 2.0
 
 
@@ -118,6 +119,7 @@ def bill_model_ends(model: nn.Module, device: DeviceModel, fused: bool) -> None:
     embedding.register_forward_hook(gather)
     norm = _final_norm(model)
     if norm is not None:
+
         def final_norm(module, args, output):
             operations = [operation(output.numel(), RMS_NORM, fused)]
             device.cpu(operations)
@@ -126,6 +128,7 @@ def bill_model_ends(model: nn.Module, device: DeviceModel, fused: bool) -> None:
 
         norm.register_forward_hook(final_norm)
     if head is not None:
+
         def head_products(module, args, output):
             flops = 2.0 * output.numel() * args[0].shape[-1]
             device.cpu([(flops, 0.0)])

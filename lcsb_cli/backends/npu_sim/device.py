@@ -30,28 +30,46 @@ WEIGHT_BYTES = {"fp16": 2.0, "int8": 1.0, "int4": 0.5}
 @dataclass(frozen=True)
 class DeviceProfile:
     name: str
-    npu_fp16_tflops: float  # dense fp16 matmul peak
-    npu_efficiency: float  # fraction of peak a training-sized matmul reaches
-    npu_launch_us: float  # fixed cost of one NPU product (graph launch, sync)
-    npu_power_w: float  # NPU active power
-    cpu_gflops: float  # sustained fp32 matmul throughput of the cores the trainer uses
-    cpu_power_w: float  # those cores' active power
-    idle_power_w: float  # SoC + DRAM floor while the job runs
-    memory_gbs: float  # DRAM bandwidth
-    soc_heat_capacity_j_per_c: float  # the SoC node of the thermal model (thermal.py)
+    # dense fp16 matmul peak
+    npu_fp16_tflops: float
+    # fraction of peak a training-sized matmul reaches
+    npu_efficiency: float
+    # fixed cost of one NPU product (graph launch, sync)
+    npu_launch_us: float
+    # NPU active power
+    npu_power_w: float
+    # sustained fp32 matmul throughput of the cores the trainer uses
+    cpu_gflops: float
+    # those cores' active power
+    cpu_power_w: float
+    # SoC + DRAM floor while the job runs
+    idle_power_w: float
+    # DRAM bandwidth
+    memory_gbs: float
+    # the SoC node of the thermal model (thermal.py)
+    soc_heat_capacity_j_per_c: float
     soc_to_skin_c_per_w: float
-    skin_heat_capacity_j_per_c: float  # the body: battery, frame, skin
+    # the body: battery, frame, skin
+    skin_heat_capacity_j_per_c: float
     skin_to_ambient_c_per_w: float
     ambient_c: float
-    throttle_c: float  # skin temperature at which the NPU clock drops
-    junction_throttle_c: float  # SoC temperature at which it drops
-    throttle_clock: float  # NPU clock factor while throttled
+    # skin temperature at which the NPU clock drops
+    throttle_c: float
+    # SoC temperature at which it drops
+    junction_throttle_c: float
+    # NPU clock factor while throttled
+    throttle_clock: float
     hysteresis_c: float
-    gpu_fp32_gflops: float  # mobile GPU (Adreno) fp32 peak, the GPU-trainer baseline
-    gpu_efficiency: float  # fraction of that peak a training kernel reaches
-    gpu_launch_us: float  # per kernel dispatch
-    htp_arch: float  # npu-htp: the Hexagon architecture QNN compiles for (e.g. 75)
-    soc_model: float  # npu-htp: QNN's id of the SoC (its fp16 kernels need it)
+    # mobile GPU (Adreno) fp32 peak, the GPU-trainer baseline
+    gpu_fp32_gflops: float
+    # fraction of that peak a training kernel reaches
+    gpu_efficiency: float
+    # per kernel dispatch
+    gpu_launch_us: float
+    # npu-htp: the Hexagon architecture QNN compiles for (e.g. 75)
+    htp_arch: float
+    # npu-htp: QNN's id of the SoC (its fp16 kernels need it)
+    soc_model: float
 
 
 def device_names() -> list[str]:
@@ -81,8 +99,10 @@ class DeviceModel:
         self.profile, self.overlap = profile, overlap
         self.thermal = Thermal(profile)
         self.throttled_s = 0.0
-        self._segments: list[tuple[float, float]] = []  # (npu seconds, cpu seconds) run side by side
-        self._work: list[tuple[float, float]] = []  # every operation's (flops, bytes), for the other trainers
+        # (npu seconds, cpu seconds) run side by side
+        self._segments: list[tuple[float, float]] = []
+        # every operation's (flops, bytes), for the other trainers
+        self._work: list[tuple[float, float]] = []
 
     @property
     def temp_c(self) -> float:
@@ -106,13 +126,15 @@ class DeviceModel:
         p = self.profile
         return max(flops / (p.cpu_gflops * 1e9), nbytes / (p.memory_gbs * 1e9))
 
-    def product(self, flops: float, weight_bytes: float, activation_bytes: float, adapter_flops: float,
-                on_npu: bool = True) -> None:
+    def product(
+        self, flops: float, weight_bytes: float, activation_bytes: float, adapter_flops: float, on_npu: bool = True
+    ) -> None:
         """A frozen-weight product (on the NPU, or on the CPU for an fp32 layer) and its adapter work on the CPU."""
         self._work += [(flops, weight_bytes + activation_bytes), (adapter_flops, 0.0)]
         if on_npu:
-            self._segments.append((self.npu_seconds(flops, weight_bytes, activation_bytes),
-                                   self.cpu_seconds(adapter_flops)))
+            self._segments.append(
+                (self.npu_seconds(flops, weight_bytes, activation_bytes), self.cpu_seconds(adapter_flops))
+            )
         else:
             self._segments.append((0.0, self.cpu_seconds(flops + adapter_flops)))
 
@@ -130,8 +152,11 @@ class DeviceModel:
 
     def gpu_trainer_seconds(self) -> float:
         p = self.profile
-        return sum(max(f / (p.gpu_fp32_gflops * 1e9 * p.gpu_efficiency), b / (p.memory_gbs * 1e9))
-                   + p.gpu_launch_us * 1e-6 for f, b in self._work if f or b)
+        return sum(
+            max(f / (p.gpu_fp32_gflops * 1e9 * p.gpu_efficiency), b / (p.memory_gbs * 1e9)) + p.gpu_launch_us * 1e-6
+            for f, b in self._work
+            if f or b
+        )
 
     def end_step(self) -> tuple[dict, list[str]]:
         """This step's metrics, and the thermal events it caused (npu_clock_throttled, npu_clock_restored)."""
@@ -144,10 +169,17 @@ class DeviceModel:
         events = self.advance(elapsed, energy / elapsed if elapsed else p.idle_power_w)
         if was_throttled:
             self.throttled_s += elapsed
-        metrics = {"sim_step_time_s": elapsed, "sim_energy_j": energy, "sim_temp_c": self.temp_c,
-                   "sim_soc_temp_c": self.thermal.soc_c,
-                   "npu_util": npu / elapsed if elapsed else 0.0, "sim_npu_s": npu, "sim_cpu_s": cpu,
-                   "sim_cpu_trainer_s": self.cpu_trainer_seconds(), "sim_gpu_trainer_s": self.gpu_trainer_seconds()}
+        metrics = {
+            "sim_step_time_s": elapsed,
+            "sim_energy_j": energy,
+            "sim_temp_c": self.temp_c,
+            "sim_soc_temp_c": self.thermal.soc_c,
+            "npu_util": npu / elapsed if elapsed else 0.0,
+            "sim_npu_s": npu,
+            "sim_cpu_s": cpu,
+            "sim_cpu_trainer_s": self.cpu_trainer_seconds(),
+            "sim_gpu_trainer_s": self.gpu_trainer_seconds(),
+        }
         return metrics, events
 
     def advance(self, seconds: float, power_w: float) -> list[str]:

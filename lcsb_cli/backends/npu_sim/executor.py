@@ -26,7 +26,8 @@ from .. import qdq
 WEIGHT_FORMATS = ("fp16", "int8", "int4")
 INT4_GROUP = 32
 TILE_ROWS = 256
-SAFE_EXPONENT = 8  # a row whose max lies outside [2^-8, 2^8] (inputs) or above 2^15 (outputs) needed protection
+# a row whose max lies outside [2^-8, 2^8] (inputs) or above 2^15 (outputs) needed protection
+SAFE_EXPONENT = 8
 
 
 @dataclass
@@ -34,16 +35,21 @@ class Resident:
     """One weight as the NPU holds it: quantized codes and scales, nothing else."""
 
     name: str
-    shape: tuple[int, int]  # (out_features, in_features)
+    # (out_features, in_features)
+    shape: tuple[int, int]
     fmt: str
-    codes: torch.Tensor  # fp16 [out, in] | int8 [out, in] | uint8 [out, in // 2] (two int4 codes a byte)
-    scales: torch.Tensor | None  # fp16 [out, 1] (int8, per channel) | [out, in // group] (int4)
-    precision: str = "fp16"  # the product precision chosen for this layer: fp16 | fp32 | w8a16 | w8a8 (int8)
+    # fp16 [out, in] | int8 [out, in] | uint8 [out, in // 2] (two int4 codes a byte)
+    codes: torch.Tensor
+    # fp16 [out, 1] (int8, per channel) | [out, in // group] (int4)
+    scales: torch.Tensor | None
+    # the product precision chosen for this layer: fp16 | fp32 | w8a16 | w8a8 (int8)
+    precision: str = "fp16"
 
     @property
     def nbytes(self) -> int:
         return self.codes.numel() * self.codes.element_size() + (
-            0 if self.scales is None else self.scales.numel() * self.scales.element_size())
+            0 if self.scales is None else self.scales.numel() * self.scales.element_size()
+        )
 
 
 def quantize(name: str, weight: torch.Tensor, fmt: str) -> Resident:
@@ -118,12 +124,16 @@ class Calibration:
 
     def choose(self, threshold: float) -> dict[str, str]:
         """Each calibrated layer's product precision: fp32 where fp16's error or underflow passes `threshold`."""
-        return {name: "fp32" if error > threshold or self.underflow[name] > threshold else "fp16"
-                for name, error in self.relative_error.items()}
+        return {
+            name: "fp32" if error > threshold or self.underflow[name] > threshold else "fp16"
+            for name, error in self.relative_error.items()
+        }
 
     def summary(self) -> dict:
-        return {"max_relative_error": max(self.relative_error.values(), default=0.0),
-                "max_underflow": max(self.underflow.values(), default=0.0)}
+        return {
+            "max_relative_error": max(self.relative_error.values(), default=0.0),
+            "max_underflow": max(self.underflow.values(), default=0.0),
+        }
 
 
 class NpuExecutor:
@@ -135,7 +145,8 @@ class NpuExecutor:
         self.fmt, self.row_protection = fmt, row_protection
         self.residents: list[Resident] = []
         self.protected_rows = 0
-        self.calibration: Calibration | None = None  # set while precision=auto calibrates
+        # set while precision=auto calibrates
+        self.calibration: Calibration | None = None
         self._worker = ThreadPoolExecutor(1, thread_name_prefix="npu") if overlap else None
 
     def load(self, name: str, weight: torch.Tensor) -> Resident:
@@ -167,8 +178,9 @@ class NpuExecutor:
     def _product(self, a: torch.Tensor, res: Resident, contract_rows: bool, precision: str | None = None):
         precision = precision or res.precision
         if precision in qdq.ACT_LEVELS:
-            return self._unit_scale_product(a, res, contract_rows,
-                                            lambda scaled: qdq.emulate(scaled, res.codes, precision, contract_rows))
+            return self._unit_scale_product(
+                a, res, contract_rows, lambda scaled: qdq.emulate(scaled, res.codes, precision, contract_rows)
+            )
         rows = a.reshape(-1, a.shape[-1])
         out_features, in_features = res.shape
         if precision == "fp32":
@@ -179,7 +191,8 @@ class NpuExecutor:
         acc = torch.zeros(rows.shape[0], in_features if contract_rows else out_features)
         for start in range(0, out_features, TILE_ROWS):
             tile_rows = slice(start, min(start + TILE_ROWS, out_features))
-            tile = dequantize(res, tile_rows, compute).float()  # the accumulators' view of one tile
+            # the accumulators' view of one tile
+            tile = dequantize(res, tile_rows, compute).float()
             if contract_rows:
                 acc += values[:, tile_rows].float() @ tile
             else:

@@ -32,8 +32,13 @@ class NpuSite:
         """fp32 layers' products run on the CPU, after the adapter work."""
         out_features, in_features = self.resident.shape
         weight_bytes = out_features * in_features * WEIGHT_BYTES[self.resident.fmt]
-        self.device.product(2.0 * rows * in_features * out_features, weight_bytes,
-                            2.0 * rows * (in_features + out_features), adapter_flops, on_npu=product_on_npu)
+        self.device.product(
+            2.0 * rows * in_features * out_features,
+            weight_bytes,
+            2.0 * rows * (in_features + out_features),
+            adapter_flops,
+            on_npu=product_on_npu,
+        )
 
 
 class _NpuLinear(torch.autograd.Function):
@@ -50,8 +55,11 @@ class _NpuLinear(torch.autograd.Function):
         if adapter is not None:
             out = out + adapter
         rows = x.numel() // x.shape[-1]
-        site.bill(rows, site.resident.precision != "fp32", 0.0 if a is None else 2.0 * rows * a.shape[0] * (
-            a.shape[1] + b.shape[0]))
+        site.bill(
+            rows,
+            site.resident.precision != "fp32",
+            0.0 if a is None else 2.0 * rows * a.shape[0] * (a.shape[1] + b.shape[0]),
+        )
         ctx.site, ctx.scaling = site, scaling
         ctx.save_for_backward(lora_x, a, b, hidden)
         return out
@@ -130,8 +138,12 @@ def install(layers: nn.ModuleList, executor: NpuExecutor, device: DeviceModel) -
 
 def _check_plain_lora(name: str, module) -> None:
     if list(module.lora_A) != ["default"] or getattr(module, "use_dora", {}).get("default", False):
-        raise BadInput(f"backend npu-sim / npu-htp: {name} is not a plain single-adapter LoRA linear (DoRA, several "
-                       "adapters); use backend=cpu")
+        raise BadInput(
+            f"backend npu-sim / npu-htp: {name} is not a plain single-adapter LoRA linear (DoRA, several "
+            "adapters); use backend=cpu"
+        )
     if type(module.base_layer) is not nn.Linear:
-        raise BadInput(f"backend npu-sim / npu-htp: {name} wraps a {type(module.base_layer).__name__}; the NPU backends "
-                       "need plain linear base layers (quantization=none)")
+        raise BadInput(
+            f"backend npu-sim / npu-htp: {name} wraps a {type(module.base_layer).__name__}; the NPU backends "
+            "need plain linear base layers (quantization=none)"
+        )

@@ -27,8 +27,7 @@ class Thermal:
         self.soc_c, self.skin_c = self._after(seconds, power_w)
         p = self.profile
         hot = self.skin_c >= p.throttle_c or self.soc_c >= p.junction_throttle_c
-        cool = (self.skin_c <= p.throttle_c - p.hysteresis_c
-                and self.soc_c <= p.junction_throttle_c - p.hysteresis_c)
+        cool = self.skin_c <= p.throttle_c - p.hysteresis_c and self.soc_c <= p.junction_throttle_c - p.hysteresis_c
         if hot and not self.throttled:
             self.throttled = True
             return ["npu_clock_throttled"]
@@ -43,12 +42,17 @@ class Thermal:
         soc_skin = 1.0 / p.soc_to_skin_c_per_w
         skin_air = 1.0 / p.skin_to_ambient_c_per_w
         c_soc, c_skin = p.soc_heat_capacity_j_per_c, p.skin_heat_capacity_j_per_c
-        system = torch.tensor([
-            [-soc_skin / c_soc, soc_skin / c_soc, power_w / c_soc],
-            [soc_skin / c_skin, -(soc_skin + skin_air) / c_skin, skin_air * p.ambient_c / c_skin],
-            [0.0, 0.0, 0.0]], dtype=torch.float64)
-        state = torch.linalg.matrix_exp(system * seconds) @ torch.tensor([self.soc_c, self.skin_c, 1.0],
-                                                                          dtype=torch.float64)
+        system = torch.tensor(
+            [
+                [-soc_skin / c_soc, soc_skin / c_soc, power_w / c_soc],
+                [soc_skin / c_skin, -(soc_skin + skin_air) / c_skin, skin_air * p.ambient_c / c_skin],
+                [0.0, 0.0, 0.0],
+            ],
+            dtype=torch.float64,
+        )
+        state = torch.linalg.matrix_exp(system * seconds) @ torch.tensor(
+            [self.soc_c, self.skin_c, 1.0], dtype=torch.float64
+        )
         return float(state[0]), float(state[1])
 
     def state_dict(self) -> dict:

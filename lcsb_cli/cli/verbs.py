@@ -1,0 +1,299 @@
+"""The `lcsb` verbs: each parses, loads the recipe, calls one library function and prints."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from ..errors import BadInput
+from ..paths import RECIPES_DIR, recipe_file
+from ..recipe import dump, load_recipe
+from ..recipe_yaml import explain as explain_keys
+from ..run.rundir import check_output_dir, resolve_target
+from .app import STATE, Overrides, RecipeArg, app, err, flag, handled, out
+
+
+@app.command()
+@handled
+def train(
+    recipe: RecipeArg,
+    overrides: Overrides = None,
+    output: Annotated[
+        Path | None, typer.Option("--output", "-o", help="Run directory (default: the recipe's output_dir).")
+    ] = None,
+    resume: Annotated[
+        bool, flag("--resume", help="Continue the run in the output dir from its last checkpoint.")
+    ] = False,
+    force: Annotated[bool, flag("--force", help="Replace another run in the output dir.")] = False,
+    nproc: Annotated[
+        int,
+        typer.Option(
+            "--nproc", min=1, help="Data-parallel processes (launched with torchrun; gloo on CPU, nccl on CUDA)."
+        ),
+    ] = 1,
+) -> None:
+    """Fine-tune with LoRA as the recipe says; writes config.yaml, metrics.jsonl, checkpoints/, adapter/, summary.json.
+
+    Ctrl-C (SIGINT) checkpoints and exits 130; SIGTERM, the overnight window's end and max_minutes checkpoint and
+    exit 0, as a scheduler expects.
+
+    Examples: `lcsb train lamp2` · `lcsb train my.yaml train.max_steps=200 lcsb.blocks=2 -o runs/k2` ·
+    `lcsb train my.yaml -o runs/k2 --resume`. Recipe keys: `lcsb validate RECIPE` prints them all, resolved."""
+    from ..report import RichReporter
+    from ..run.engine import train as train_one
+    from ..run.per_user import train_per_user
+
+    loaded = load_recipe(recipe_file(recipe), overrides or [])
+    if output is not None:
+        loaded.output_dir = str(output)
+    if nproc > 1 and "WORLD_SIZE" not in os.environ:
+        sys.exit(_launch(loaded, recipe, overrides or [], nproc, resume, force))
+    run = train_per_user if loaded.data.user == "all" else train_one
+    summary = run(loaded, Path(loaded.output_dir), RichReporter(err), resume=resume, force=force)
+    # checkpointed, yet `lcsb train ... && next` must not run on
+    if summary.get("stopped") == "SIGINT":
+        err.print(f"interrupted: checkpointed at step {summary.get('steps')}; continue with --resume", highlight=False)
+        sys.exit(130)
+
+
+def _launch(loaded, recipe: str, overrides: list[str], nproc: int, resume: bool, force: bool) -> int:
+    """Check what can be checked here (exit 2 before any worker starts), then rerun this command under torchrun."""
+    from ..run.distributed import check_parallel_method, launch
+    from ..run.rundir import check_fresh, check_resume
+
+    run_dir = Path(loaded.output_dir)
+    check_resume(run_dir, loaded) if resume else check_fresh(run_dir, force)
+    check_parallel_method(loaded.method)
+    flags = ["--output", str(run_dir)] + ["--resume"] * resume + ["--force"] * force
+    return launch(nproc, ["--debug"] * STATE["debug"] + ["train", str(recipe_file(recipe)), *overrides, *flags])
+
+
+@app.command("eval")
+@handled
+def eval_(
+    target: Annotated[
+        str,
+        typer.Argument(
+            help="A recipe (evaluates the base model or --adapter) or a run dir (its config.yaml and adapter/)."
+        ),
+    ],
+    overrides: Overrides = None,
+    adapter: Annotated[Path | None, typer.Option("--adapter", help="A PEFT adapter dir to evaluate.")] = None,
+    output: Annotated[
+        Path | None,
+        typer.Option(
+            "--output",
+            "-o",
+            help="Where eval.json and predictions.json go (default: the run dir or the recipe's output_dir).",
+        ),
+    ] = None,
+) -> None:
+    """Held-out metrics (loss, and accuracy/macro-F1 or exact match/ROUGE as the format has) of a base model, an
+    adapter or a finished run.
+
+    Examples: `lcsb eval lamp2` (the base) · `lcsb eval runs/lamp2` (the run's adapter) ·
+    `lcsb eval lamp2 --adapter DIR -o runs/check`. Recipe keys: `lcsb validate RECIPE` prints them all, resolved."""
+    from ..evaluate import run_eval
+    from ..report import Phases, eval_table
+
+    if output is not None:
+        check_output_dir(output)
+    recipe, adapter, run_dir = resolve_target(target, overrides or [], adapter)
+    result = run_eval(recipe, output or run_dir or Path(recipe.output_dir), adapter, run_dir, Phases(err))
+    out.print(eval_table(result))
+
+
+@app.command()
+@handled
+def generate(
+    target: Annotated[
+        str,
+        typer.Argument(
+            help="A recipe (the base model, or --adapter), a run dir (its adapter/) or "
+            "a merged export dir (`lcsb export RUN --merge`)."
+        ),
+    ],
+    overrides: Overrides = None,
+    *,
+    adapter: Annotated[Path | None, typer.Option("--adapter", help="A PEFT adapter dir to generate with.")] = None,
+    user: Annotated[str | None, typer.Option("--user", help="For a per-user run: whose adapter.")] = None,
+    prompt: Annotated[
+        str | None, typer.Option("--prompt", help="The text to continue (with --chat: the user's message).")
+    ] = None,
+    file: Annotated[
+        Path | None,
+        typer.Option(
+            "--file",
+            help='JSONL of {"prompt": TEXT} lines, or with --chat {"messages": [...]} lines; one generation per line.',
+        ),
+    ] = None,
+    chat: Annotated[bool, flag("--chat", help="Wrap each prompt in the tokenizer's chat template.")] = False,
+    max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", min=1, help="New tokens at most.")] = 128,
+    temperature: Annotated[
+        float, typer.Option("--temperature", min=0.0, help="0: greedy; above 0: sampling at this temperature.")
+    ] = 0.0,
+    seed: Annotated[int, typer.Option("--seed", help="The sampling seed (temperature above 0).")] = 0,
+    stop: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--stop",
+            metavar="TEXT",
+            help="End a "
+            "generation before this text (\\\\n: a newline; repeat for "
+            "several); default: the recipe's eval.stop.",
+        ),
+    ] = None,
+) -> None:
+    """Decode with the KV cache and stream each generation to the terminal.
+
+    Examples: `lcsb generate runs/chat --chat --prompt "Hi"` · `lcsb generate runs/lamp2 --user u1 --file q.jsonl` ·
+    `lcsb generate merged/ --prompt "Once" --temperature 0.8 --stop "\\n"`.
+    Recipe keys: `lcsb validate RECIPE` prints them all, resolved."""
+    from ..generate import Sampling, read_inputs, run_generate
+
+    if (prompt is None) == (file is None):
+        raise BadInput("give exactly one of --prompt TEXT and --file JSONL")
+    recipe, adapter, run_dir = resolve_target(target, overrides or [], adapter, user, model_dir_ok=True)
+    if run_dir is not None and adapter is None:
+        raise BadInput(f"{run_dir}: a per-user run has one adapter per user; pass --user ID")
+    inputs = [prompt] if file is None else read_inputs(file, chat)
+    stops = recipe.eval.stop if stop is None else [s.replace("\\n", "\n") for s in stop]
+    run_generate(recipe, adapter, inputs, chat, Sampling(max_new_tokens, temperature, seed, tuple(stops)))
+
+
+@app.command()
+@handled
+def validate(
+    recipe: RecipeArg,
+    overrides: Overrides = None,
+    explain: Annotated[
+        bool, flag("--explain", help="Every key with its value, its allowed values or minimum, and what it does.")
+    ] = False,
+) -> None:
+    """Check a recipe (and overrides) and print it resolved, every default filled in: the list of recipe keys.
+
+    Examples: `lcsb validate lamp2` · `lcsb validate my.yaml train.lr=1e-4 quantization=nf4` ·
+    `lcsb validate lamp2 --explain`."""
+    loaded = load_recipe(recipe_file(recipe), overrides or [])
+    out.print(explain_keys(loaded) if explain else dump(loaded), markup=False, highlight=False, end="", soft_wrap=True)
+
+
+@app.command()
+@handled
+def bench(
+    recipe: RecipeArg,
+    overrides: Overrides = None,
+    compare: Annotated[
+        list[str],
+        typer.Option(
+            "--compare",
+            help="A method to set against the recipe's: full-backprop, full-backprop+ckpt, freeze, lisa, mezo, "
+            "hf-trainer, hf-trainer:bf16, lcsb:K, lcsb:K:exact (upper_path exact), "
+            "lcsb:K:exactW (lcsb.exact_above W). Repeatable.",
+        ),
+    ] = [],  # noqa: B006
+    steps: Annotated[int, typer.Option("--steps", min=1, help="Timed steps per method.")] = 8,
+    warmup: Annotated[int, typer.Option("--warmup", min=0, help="Untimed steps per method first.")] = 2,
+    output: Annotated[
+        Path | None,
+        typer.Option(
+            "--output", "-o", help="Where bench.json, bench.md and loss_curves.png go (default: OUTPUT_DIR/bench)."
+        ),
+    ] = None,
+    evaluate: Annotated[
+        bool,
+        flag(
+            "--eval/--no-eval",
+            help="Evaluate each method on the recipe's eval set afterwards "
+            "(its adapter is kept under OUTPUT/adapters/).",
+        ),
+    ] = False,
+    seeds: Annotated[
+        int,
+        typer.Option("--seeds", min=1, help="Run every method with this many seeds (train.seed, +1, ...); mean ± std."),
+    ] = 1,
+    budget: Annotated[
+        str,
+        typer.Option(
+            "--budget",
+            help="equal-steps: every method takes --steps; "
+            "equal-time: each trains as long as full backprop's --steps take.",
+        ),
+    ] = "equal-steps",
+) -> None:
+    """Methods side by side on one recipe: interleaved timed steps, one process per method.
+
+    Examples: `lcsb bench lamp2 --compare full-backprop` · `lcsb bench my.yaml --compare full-backprop
+    --compare lcsb:4:exact --seeds 3 --budget equal-time --eval`.
+    Recipe keys: `lcsb validate RECIPE` prints them all, resolved."""
+    from ..bench.compare import method_names, run_bench
+    from ..bench.table import bench_rich
+    from ..report import Phases
+
+    loaded = load_recipe(recipe_file(recipe), overrides or [])
+    if not compare:
+        raise BadInput("--compare: name at least one method, e.g. --compare full-backprop")
+    method_names(loaded, compare, budget)
+    result = run_bench(
+        loaded,
+        compare,
+        steps,
+        warmup,
+        output or Path(loaded.output_dir) / "bench",
+        evaluate,
+        Phases(err).bench_step,
+        seeds=seeds,
+        budget=budget,
+    )
+    out.print(bench_rich(result, loaded))
+
+
+@app.command()
+@handled
+def export(
+    run_dir: Annotated[Path, typer.Argument(help="A finished run directory.")],
+    output: Annotated[
+        Path,
+        typer.Option(
+            "--output", "-o", help="A new (or empty) directory to write; with --format gguf, a new .gguf file."
+        ),
+    ],
+    merge: Annotated[bool, flag("--merge", help="Write the base model with the adapter merged in.")] = False,
+    fmt: Annotated[
+        str,
+        typer.Option(
+            "--format", help="Merged model as an HF checkpoint dir (hf) or one GGUF file that llama.cpp loads (gguf)."
+        ),
+    ] = "hf",
+    outtype: Annotated[
+        str | None,
+        typer.Option("--outtype", help="GGUF matrices: f16 (default) | bf16 | q8_0; 1-D tensors stay f32."),
+    ] = None,
+    user: Annotated[str | None, typer.Option("--user", help="For a per-user run: whose adapter.")] = None,
+) -> None:
+    """Write a run's adapter (PEFT format) or, with --merge, a standalone merged model (HF dir or GGUF file).
+
+    Examples: `lcsb export runs/lamp2 -o adapter/` · `lcsb export runs/chat --merge -o merged/` ·
+    `lcsb export runs/chat --merge --format gguf -o chat.gguf`."""
+    from ..model.export import export_run
+
+    written = export_run(run_dir, output, merge, user, fmt, outtype)
+    kind = f"merged {fmt.upper()} model" if merge else "adapter"
+    out.print(f"{kind} written to {written}", highlight=False, soft_wrap=True)
+
+
+@app.command()
+@handled
+def recipes() -> None:
+    """List the shipped recipes (use a name wherever a recipe file goes).
+
+    Example: `lcsb recipes`, then `lcsb validate lamp2`."""
+    paths = sorted(RECIPES_DIR.glob("*.yaml"))
+    width = max((len(path.stem) for path in paths), default=0)
+    for path in paths:
+        first = path.read_text().splitlines()[0] if path.read_text() else ""
+        out.print(f"[bold]{path.stem:<{width}}[/] {first.lstrip('# ')}  ({path})", highlight=False, soft_wrap=True)

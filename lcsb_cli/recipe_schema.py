@@ -1,0 +1,232 @@
+"""The recipe's keys: one dataclass per section, each key with its type (Literal for a choice), default, help and
+minimum. Validation (recipe.py), `lcsb validate --explain` and the shipped recipes' comments all read them here."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from .selective.choices import IDLE_UPDATES, SCHEDULES, UPPER_PATHS
+
+LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+# data/formats.py implements each (a test checks)
+FORMATS = ("lamp2", "jsonl", "text", "completion", "chat")
+# methods.py implements each (a test checks)
+METHODS = ("lcsb", "full-backprop", "freeze", "lisa", "mezo")
+LABELLED, LM = ("lamp2", "jsonl"), ("jsonl", "text", "completion", "chat")
+
+
+def key(
+    default,
+    help: str,
+    *,
+    min: float | None = None,
+    formats: tuple[str, ...] | None = None,
+    factory=None,
+):
+    """A recipe key: its default, its help (`lcsb validate --explain`, the shipped recipes' comments), its minimum
+    and, for a data key, the formats that read it (setting it for another format is an error)."""
+    metadata = {"help": help, "min": min, "formats": formats}
+    return field(default_factory=factory, metadata=metadata) if factory else field(default=default, metadata=metadata)
+
+
+@dataclass
+class ModelConfig:
+    name: str = key(
+        "tiny-qwen2",
+        "a built-in preset (configs/models/NAME.yaml), a local HF checkpoint dir or a "
+        ".gguf file (converted once, cached)",
+    )
+    dtype: Literal["float32", "bfloat16"] = key("float32", "storage of the frozen weights")
+    trust_remote_code: bool = key(False, "run Python code shipped with the checkpoint (off: a warning says so when on)")
+
+
+@dataclass
+class LoraConfig:
+    rank: int = key(16, "LoRA rank r", min=1)
+    alpha: float = key(32.0, "LoRA scaling alpha (the update is scaled by alpha / r)")
+    dropout: float = key(0.0, "dropout on the LoRA input", min=0.0)
+    targets: list[str] = key(None, "the linear layers that get adapters", factory=lambda: list(LORA_TARGETS))
+    backward: Literal["autograd", "mesp"] = key(
+        "autograd", "autograd: peft's layers | mesp: saves only x and recomputes xA in backward"
+    )
+
+
+@dataclass
+class LcsbConfig:
+    blocks: int = key(4, "K: the decoder layers split into K contiguous blocks, one trained per step", min=1)
+    schedule: Literal[SCHEDULES] = key(
+        "cyclic",
+        "which block trains: cyclic (t mod K) | reverse | random (a fresh "
+        "permutation each cycle) | adaptive (largest recent gradient, weighted by wait)",
+    )
+    upper_path: Literal[UPPER_PATHS] = key(
+        "exact",
+        "layers above the active block: exact (true gradient, their "
+        "LoRA frozen; measured better on a real model) | identity (the paper)",
+    )
+    exact_above: int = key(0, "identity path: layers just above the active block that backpropagate exactly", min=0)
+    idle_update: Literal[IDLE_UPDATES] = key(
+        "momentum", "idle blocks: momentum (step on their stored AdamW moments, the paper) | none"
+    )
+
+
+@dataclass
+class NpuSimConfig:
+    device: str = key("snapdragon-8gen3", "a profile in configs/devices/ or a path to a profile YAML")
+    weights: Literal["fp16", "int8", "int4"] = key(
+        "int8", "the NPU's resident weights: fp16 | int8 (per channel) | int4 (groups of 32)"
+    )
+    precision: Literal["auto", "fp16", "fp32", "w8a16", "w8a8"] = key(
+        "auto", "product precision: auto (per layer by calibrated input-gradient error) | fp16 | fp32 | w8a16 | w8a8"
+    )
+    row_protection: bool = key(True, "per-row power-of-two scaling around every FP16 cast")
+    overlap: bool = key(True, "NPU products on a worker thread while the CPU computes the adapters")
+    fuse_cpu_ops: bool = key(
+        True, "the CPU lane's elementwise chains (norms, RoPE, softmax, SiLU x up) as fused kernels"
+    )
+    calibration_steps: int = key(
+        4, "precision=auto: steps measuring each layer's fp16 input-gradient error (>= K covers every block)", min=1
+    )
+    fp32_threshold: float = key(
+        0.01, "precision=auto: relative error above which a layer moves to a more precise precision", min=0.0
+    )
+
+
+@dataclass
+class DataConfig:
+    format: Literal[FORMATS] = key(
+        "lamp2", "lamp2: LaMP-2 JSON; jsonl: phone labels; text, completion, chat: see data/lm.py"
+    )
+    train: str | None = key(None, "the training file")
+    train_labels: str | None = key(None, "LaMP-2: the *_outputs.json of data.train", formats=("lamp2",))
+    eval: str | None = key(None, "the held-out file")
+    eval_labels: str | None = key(None, "LaMP-2: the *_outputs.json of data.eval", formats=("lamp2",))
+    max_length: int = key(256, "tokens per example at most", min=16)
+    profile_k: int = key(
+        0, "LaMP-2: prepend the k most relevant profile items (BM25) to each question", min=0, formats=("lamp2",)
+    )
+    user: str | None = key(
+        None, "train/evaluate one user's adapter (a user id); LaMP-2 also all (one adapter per user)", formats=LABELLED
+    )
+    eval_fraction: float = key(
+        0.2, "held out without data.eval: jsonl the newest items, text/completion/chat a seeded draw", formats=LM
+    )
+    on_bad_line: Literal["error", "skip"] = key(
+        "error", "a bad line: error (stop, naming the line) | skip (count it)", formats=LM
+    )
+    labels: list[str] | None = key(None, "jsonl: the label set; null infers it from the data", formats=("jsonl",))
+
+
+@dataclass
+class OvernightConfig:
+    window: str | None = key(None, '"HH:MM-HH:MM": wait for the start, stop (checkpointed) at the end')
+    max_minutes: float = key(0.0, "stop (checkpointed) after this many minutes of this process; 0: no limit", min=0.0)
+    max_temp_c: float = key(0.0, "pause while the device is hotter than this; 0: never", min=0.0)
+    report: bool = key(False, "eval before and after training, report.md + report.json in the run dir")
+
+
+@dataclass
+class TrainConfig:
+    max_steps: int = key(200, "optimizer steps", min=1)
+    batch_size: int = key(4, "examples per micro-batch", min=1)
+    grad_accum: int = key(1, "micro-batches per optimizer step", min=1)
+    lr: float = key(1e-4, "peak learning rate of the gradient methods")
+    weight_decay: float = key(0.01, "AdamW's decoupled weight decay", min=0.0)
+    warmup_steps: int = key(10, "steps of linear warmup", min=0)
+    lr_scheduler: Literal["cosine", "linear", "constant"] = key("cosine", "after warmup: cosine | linear | constant")
+    max_grad_norm: float = key(1.0, "gradient clipping norm; 0 disables clipping", min=0.0)
+    seed: int = key(0, "seeds the LoRA init, the data order and the methods' draws")
+    log_every: int = key(1, "a metrics.jsonl row every N steps", min=1)
+    save_every: int = key(50, "a checkpoint every N steps; 0: only at the end", min=0)
+    eval_every: int = key(0, "held-out metrics (eval_loss, eval_accuracy, ...) every N steps; 0: never", min=0)
+    autocast: Literal["none", "bf16"] = key("none", "none | bf16 (frozen products in bf16, LoRA and optimizer in fp32)")
+    threads: int = key(0, "torch intra-op threads; 0 keeps torch's default", min=0)
+    optimizer: Literal["adamw", "adamw8bit"] = key(
+        "adamw", "adamw (torch, fp32 moments) | adamw8bit (bitsandbytes, block-wise 8-bit moments)"
+    )
+    report_to: list[str] = key(None, "trackers fed the metrics.jsonl rows: [tensorboard]", factory=list)
+    check_initial_loss: bool = key(
+        True,
+        "stop a fresh run whose loss on its first batch (every token) is above "
+        "ln(vocab_size) + 1: worse than a uniform guess, so the model is broken",
+    )
+
+
+@dataclass
+class FreezeConfig:
+    layers: int = key(6, "LoRA trains on the top this many layers only", min=1)
+
+
+@dataclass
+class LisaConfig:
+    layers: int = key(2, "layers trained at a time", min=1)
+    interval: int = key(20, "steps between fresh random draws", min=1)
+
+
+@dataclass
+class MezoConfig:
+    eps: float = key(1e-3, "SPSA perturbation scale")
+    lr: float = key(1e-6, "MeZO's own learning rate (train.lr is for the gradient methods)")
+
+
+@dataclass
+class DivergenceConfig:
+    action: Literal["stop", "skip", "rollback"] = key(
+        "rollback", "on a non-finite or spiking loss: stop (exit 3) | skip the update | rollback + lr backoff"
+    )
+    spike_factor: float = key(4.0, "a loss above this x the running median of recent losses is a spike", min=1.0)
+    patience: int = key(3, "spikes in a row that count as divergence (a non-finite loss counts at once)", min=1)
+    lr_backoff: float = key(0.5, "rollback multiplies the learning rate by this, in (0, 1]", min=0.0)
+    snapshot: Literal["memory", "disk", "none"] = key(
+        "memory", "the state a divergence returns to: memory | disk (run_dir/snapshot/) | none (stop only)"
+    )
+
+
+@dataclass
+class EvalConfig:
+    mode: Literal["score", "generate"] = key(
+        "score", "score: rank the tags by likelihood | generate: greedy decoding, exact match"
+    )
+    batch_size: int = key(8, "questions per forward pass", min=1)
+    max_new_tokens: int = key(8, "generate mode: new tokens at most", min=1)
+    stop: list[str] = key(None, 'generated answers end before the first of these ("\\n": one line)', factory=list)
+
+
+@dataclass
+class MemoryConfig:
+    streamed_load: bool = key(False, "build on the meta device, quantize one module at a time (quantization nf4 | fp4)")
+    embedding: Literal["keep", "nf4", "fp4"] = key(
+        "keep", "the embedding and LM head: keep (model.dtype) | nf4 | fp4 (streamed_load only)"
+    )
+    malloc_mmap_threshold_kb: int = key(
+        0, "glibc: blocks above this are mmapped and returned when freed; 0: default", min=0
+    )
+    kernel_cache: int = key(0, "oneDNN / ideep kernels cached (one per matmul shape); 0: their default, 1024", min=0)
+
+
+@dataclass
+class Recipe:
+    name: str = key("run", "the run's name (output_dir defaults to runs/NAME)")
+    model: ModelConfig = key(None, "the base model", factory=ModelConfig)
+    quantization: Literal["none", "int8", "nf4", "fp4"] = key(
+        "none", "the frozen weights in bitsandbytes' int8 or 4-bit formats, or none"
+    )
+    lora: LoraConfig = key(None, "the adapters", factory=LoraConfig)
+    method: Literal[METHODS] = key("lcsb", "the training method (lcsb_cli/methods.py)")
+    lcsb: LcsbConfig = key(None, "layer-cyclic selective backprop", factory=LcsbConfig)
+    activation_checkpointing: bool = key(False, "recompute layers in backward (under lcsb: the active block only)")
+    backend: Literal["cpu", "cuda", "npu-sim", "npu-htp"] = key(
+        "cpu", "where a step runs; npu-sim: a simulated phone NPU, npu-htp: Qualcomm's HTP kernels"
+    )
+    npu_sim: NpuSimConfig = key(None, "the NPU backends", factory=NpuSimConfig)
+    data: DataConfig = key(None, "the data", factory=DataConfig)
+    train: TrainConfig = key(None, "the training loop", factory=TrainConfig)
+    freeze: FreezeConfig = key(None, "method freeze", factory=FreezeConfig)
+    lisa: LisaConfig = key(None, "method lisa", factory=LisaConfig)
+    mezo: MezoConfig = key(None, "method mezo", factory=MezoConfig)
+    divergence: DivergenceConfig = key(None, "what a diverging run does", factory=DivergenceConfig)
+    eval: EvalConfig = key(None, "held-out evaluation", factory=EvalConfig)
+    overnight: OvernightConfig = key(None, "background jobs", factory=OvernightConfig)
+    memory: MemoryConfig = key(None, "memory settings", factory=MemoryConfig)
+    output_dir: str | None = key(None, "the run directory; default: runs/NAME")
