@@ -3,11 +3,15 @@
 A method says which block trains this step (`begin_step`), sees the step's gradient norm (`after_backward`),
 may touch the optimizer step (`before_optimizer_step`), and keeps its own resumable state. MeZO, which has
 no backward pass, supplies the whole update through `zeroth_order_step`.
+
+Each method also names the recipes that run it: its label in `lcsb bench --compare` (`lcsb:K`,
+`full-backprop+ckpt`, ...), so this is the one file that knows method names and their variants.
 """
 
 from __future__ import annotations
 
 import math
+import re
 import statistics
 from dataclasses import dataclass
 
@@ -15,7 +19,7 @@ import torch
 from torch import nn
 
 from .errors import BadInput
-from .recipe import get_key
+from .recipe import get_key, replace_key
 from .recipe_schema import LcsbConfig, Recipe
 from .selective import BlockSchedule, IdleMomentum, SelectiveLayers, partition
 
@@ -69,6 +73,22 @@ class Method:
         """Every layer, every step."""
         return Plan(1, *_span(layers, 0, layers, range(layers)))
 
+    @classmethod
+    def label(cls, recipe: Recipe) -> str:
+        """Its name in `lcsb bench --compare` (and bench.json) for `recipe`, which runs it."""
+        return cls.name
+
+    @classmethod
+    def label_forms(cls) -> tuple[str, ...]:
+        """The labels it answers to, as error messages list them (K, W: numbers)."""
+        return (cls.name,)
+
+    @classmethod
+    def label_keys(cls, label: str) -> dict | None:
+        """The recipe keys (dotted key -> value) that make a recipe run `label`; None when it is not this
+        method's label."""
+        return {"method": cls.name} if label == cls.name else None
+
     def begin_step(self) -> int | None:
         return None
 
@@ -89,11 +109,26 @@ class FullBackprop(Method):
     """Every layer trains every step; `activation_checkpointing` recomputes each layer in backward (MeBP)."""
 
     name = "full-backprop"
+    checkpointed = f"{name}+ckpt"
 
     def __init__(self, model: nn.Module, checkpointing: bool):
-        self.name = "full-backprop+ckpt" if checkpointing else "full-backprop"
         if checkpointing:
+            self.name = self.checkpointed
             model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+
+    @classmethod
+    def label(cls, recipe):
+        return cls.checkpointed if recipe.activation_checkpointing else cls.name
+
+    @classmethod
+    def label_forms(cls):
+        return cls.name, cls.checkpointed
+
+    @classmethod
+    def label_keys(cls, label):
+        if label not in cls.label_forms():
+            return None
+        return {"method": cls.name, "activation_checkpointing": label == cls.checkpointed}
 
     @classmethod
     def build(cls, recipe, model, layers, params, optimizer):
@@ -118,6 +153,31 @@ class Lcsb(Method):
             _span(layers, block.start, block.stop + window, block) for block in partition(layers, recipe.lcsb.blocks)
         ]
         return Plan(1, *(tuple(map(statistics.fmean, zip(*parts))) for parts in zip(*spans)))
+
+    @classmethod
+    def label(cls, recipe):
+        cfg = recipe.lcsb
+        window = ":exact" if cfg.upper_path == "exact" else f":exact{cfg.exact_above}" if cfg.exact_above else ""
+        return f"{cls.name}:{cfg.blocks}{window}"
+
+    @classmethod
+    def label_forms(cls):
+        return tuple(f"{cls.name}:K{window}" for window in ("", ":exact", ":exactW"))
+
+    @classmethod
+    def label_keys(cls, label):
+        """`lcsb:K` (the recipe's own upper path), `lcsb:K:exact` (upper_path exact) or `lcsb:K:exactW` (the
+        identity path with lcsb.exact_above W); K >= 1."""
+        # group 2: None without a window, "" for exact, W for exactW
+        match = re.fullmatch(rf"{cls.name}:(\d+)(?::exact(\d*))?", label)
+        if match is None or int(match[1]) < 1:
+            return None
+        keys = {"method": cls.name, "lcsb.blocks": int(match[1])}
+        if match[2] is None:
+            return keys
+        if not match[2]:
+            return {**keys, "lcsb.upper_path": "exact"}
+        return {**keys, "lcsb.upper_path": "identity", "lcsb.exact_above": int(match[2])}
 
     def __init__(
         self, layers: nn.ModuleList, optimizer: torch.optim.Optimizer, cfg: LcsbConfig, checkpointing: bool, seed: int
@@ -272,6 +332,29 @@ class Mezo(Method):
 
 
 METHODS: dict[str, type[Method]] = {m.name: m for m in (Lcsb, FullBackprop, Freeze, Lisa, Mezo)}
+# every label `lcsb bench --compare` accepts for the engine's methods
+LABEL_FORMS = tuple(form for method in METHODS.values() for form in method.label_forms())
+
+
+def label_of(recipe: Recipe) -> str:
+    """The label of the method `recipe` runs, as it runs it (`lcsb:4:exact`, `full-backprop+ckpt`, `mezo`)."""
+    return METHODS[recipe.method].label(recipe)
+
+
+def recipe_for_label(label: str, recipe: Recipe) -> Recipe | None:
+    """`recipe` running the method `label` names (its other keys kept), or None when no method has that label."""
+    keys = next((keys for method in METHODS.values() if (keys := method.label_keys(label)) is not None), None)
+    if keys is None:
+        return None
+    for key, value in keys.items():
+        recipe = replace_key(recipe, key, value)
+    return recipe
+
+
+def blocks_of(label: str) -> int | None:
+    """K of an lcsb label (`lcsb:K`, `lcsb:K:exact[W]`), or None for any other label."""
+    keys = Lcsb.label_keys(label)
+    return None if keys is None else keys["lcsb.blocks"]
 
 
 def check_layer_counts(recipe: Recipe, num_layers: int) -> None:

@@ -405,6 +405,24 @@ def test_lcsb_variants_name_their_upper_path_and_refuse_bad_names():
         method_names(recipe, [], "equal-energy")
 
 
+def test_hf_trainer_is_known_by_its_label_with_or_without_overrides():
+    from lcsb_cli.bench.session import hf_trainer_bf16, is_hf_trainer
+
+    assert is_hf_trainer("hf-trainer") and is_hf_trainer("hf-trainer:bf16@lora.rank=8")
+    assert not is_hf_trainer("full-backprop") and not is_hf_trainer("hf-trainer:fp16")
+    assert hf_trainer_bf16("hf-trainer:bf16@lora.rank=8") and not hf_trainer_bf16("hf-trainer@lora.rank=8")
+
+
+def test_the_recipes_own_method_keeps_its_checkpointing():
+    from lcsb_cli.bench.compare import method_names, method_recipe
+    from lcsb_cli.recipe import load_recipe
+
+    recipe = load_recipe(LAMP2, ["method=full-backprop", "activation_checkpointing=true"])
+    names = method_names(recipe, ["full-backprop"])
+    assert names == ["full-backprop+ckpt", "full-backprop"]
+    assert [method_recipe(recipe, name, 7).activation_checkpointing for name in names] == [True, False]
+
+
 def test_a_compared_method_can_carry_recipe_overrides():
     from lcsb_cli.bench.compare import method_names, method_recipe
     from lcsb_cli.errors import BadInput

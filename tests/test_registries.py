@@ -1,8 +1,10 @@
-"""The registries: one entry per data format and per method the recipe accepts, and every format honours data.eval."""
+"""The registries: one entry per data format and per method the recipe accepts, every format honours data.eval,
+and each method names its own bench labels."""
 
 from pathlib import Path
 
-from helpers import REPO
+import pytest
+from helpers import LAMP2, REPO
 
 from lcsb_cli.data import FORMATS, load_task
 from lcsb_cli.recipe import CHOICES, load_recipe
@@ -44,3 +46,47 @@ def test_the_recipe_accepts_exactly_the_registered_methods():
     from lcsb_cli.methods import METHODS
 
     assert tuple(CHOICES["method"]) == tuple(METHODS)
+
+
+# one label per form (tests/tiny.yaml runs lcsb:4 on the identity path)
+LABELS = ("lcsb:2", "lcsb:3:exact", "lcsb:4:exact2", "full-backprop", "full-backprop+ckpt", "freeze", "lisa", "mezo")
+
+
+@pytest.mark.parametrize("label", LABELS)
+def test_every_method_label_round_trips_through_its_recipe(label):
+    from lcsb_cli.methods import label_of, recipe_for_label
+
+    assert label_of(recipe_for_label(label, load_recipe(LAMP2))) == label
+
+
+def test_a_label_sets_the_keys_its_variant_names():
+    from lcsb_cli.methods import blocks_of, recipe_for_label
+
+    recipe = load_recipe(LAMP2, ["activation_checkpointing=true"])
+    exact = recipe_for_label("lcsb:3:exact", recipe)
+    window = recipe_for_label("lcsb:4:exact2", recipe)
+    assert (exact.lcsb.blocks, exact.lcsb.upper_path) == (3, "exact")
+    assert (window.lcsb.blocks, window.lcsb.upper_path, window.lcsb.exact_above) == (4, "identity", 2)
+    assert not recipe_for_label("full-backprop", recipe).activation_checkpointing
+    labels = ("lcsb:3:exact", "lcsb:12", "full-backprop", "lcsb:2@lora.rank=8")
+    assert [blocks_of(label) for label in labels] == [3, 12, None, None]
+
+
+@pytest.mark.parametrize("label", ["lcsb", "lcsb:0", "lcsb:4:exactly", "lcsb:4:exact-1", "full-backprop+ckpt2", "sgd"])
+def test_a_label_no_method_has_is_refused(label):
+    from lcsb_cli.methods import recipe_for_label
+
+    assert recipe_for_label(label, load_recipe(LAMP2)) is None
+
+
+def test_an_unknown_compare_label_lists_every_form():
+    from lcsb_cli.bench.compare import method_names
+    from lcsb_cli.errors import BadInput
+
+    with pytest.raises(BadInput) as refused:
+        method_names(load_recipe(LAMP2), ["lcsb:4:exactly"])
+    assert str(refused.value) == (
+        "--compare: unknown method 'lcsb:4:exactly'; choose from lcsb:K, lcsb:K:exact, lcsb:K:exactW, "
+        "full-backprop, full-backprop+ckpt, freeze, lisa, mezo, hf-trainer, hf-trainer:bf16, "
+        "each optionally with @KEY=VALUE[,KEY=VALUE]"
+    )

@@ -7,90 +7,48 @@ from pathlib import Path
 
 from ..atomic import write_json_atomic, write_text_atomic
 from ..errors import BadInput
-from ..methods import METHODS
+from ..methods import LABEL_FORMS, blocks_of, label_of, recipe_for_label
 from ..recipe import Recipe, replace_key, with_overrides
 from ..run.summary import step_stats
 from .roofline import compute_dtype, roofline_fields
 from .seeds import combine_seeds, plot_loss_curves
-from .session import BASELINE, BUDGETS, run_session
+from .session import (
+    BASELINE,
+    BUDGETS,
+    HF_TRAINER_LABELS,
+    hf_trainer_bf16,
+    is_hf_trainer,
+    run_session,
+    split_variant,
+)
 from .table import bench_markdown
-
-# the engine's methods by name (lcsb goes by lcsb:K), checkpointed full backprop, and transformers' Trainer
-FIXED = (*(name for name in METHODS if name != "lcsb"), "full-backprop+ckpt", "hf-trainer", "hf-trainer:bf16")
-ALL_LAYERS = -1
 
 
 def method_names(recipe: Recipe, compare: list[str], budget: str = "equal-steps") -> list[str]:
     """The recipe's own method, then each compared one; equal-time adds full backprop, whose time is the budget."""
     if budget not in BUDGETS:
         raise BadInput(f"--budget: unknown budget {budget!r}; choose from {', '.join(BUDGETS)}")
-    own = _lcsb_name(recipe) if recipe.method == "lcsb" else recipe.method
     for name in compare:
         method, overrides = split_variant(name)
-        if method not in FIXED and lcsb_blocks(method) is None:
+        if not is_hf_trainer(method) and recipe_for_label(method, recipe) is None:
             raise BadInput(
-                f"--compare: unknown method {method!r}; choose from {', '.join(FIXED)}, lcsb:K, "
-                "lcsb:K:exact, lcsb:K:exactW, each optionally with @KEY=VALUE[,KEY=VALUE]"
+                f"--compare: unknown method {method!r}; choose from {', '.join((*LABEL_FORMS, *HF_TRAINER_LABELS))}, "
+                "each optionally with @KEY=VALUE[,KEY=VALUE]"
             )
         with_overrides(recipe, overrides, f"--compare {name}")
-    return list(dict.fromkeys([own, *compare, *([BASELINE] if budget == "equal-time" else [])]))
-
-
-def _lcsb_name(recipe: Recipe) -> str:
-    cfg = recipe.lcsb
-    window = ":exact" if cfg.upper_path == "exact" else f":exact{cfg.exact_above}" if cfg.exact_above else ""
-    return f"lcsb:{cfg.blocks}{window}"
-
-
-def lcsb_blocks(name: str) -> int | None:
-    """K of a method named `lcsb:K` or `lcsb:K:exact[W]` (K >= 1), or None for any other name."""
-    variant = lcsb_variant(name)
-    return None if variant is None else variant[0]
-
-
-def lcsb_variant(name: str) -> tuple[int, int | None] | None:
-    """(K, W) of `lcsb:K` (W None: the recipe's own upper path), `lcsb:K:exactW` (lcsb.exact_above W) or
-    `lcsb:K:exact` (upper_path exact, W = ALL_LAYERS); None for any other name."""
-    kind, _, rest = name.partition(":")
-    blocks, _, window = rest.partition(":")
-    if kind != "lcsb" or not blocks.isdigit() or int(blocks) < 1:
-        return None
-    if not window:
-        return int(blocks), None
-    if window == "exact":
-        return int(blocks), ALL_LAYERS
-    digits = window.removeprefix("exact")
-    return (int(blocks), int(digits)) if window.startswith("exact") and digits.isdigit() else None
-
-
-def split_variant(name: str) -> tuple[str, list[str]]:
-    """`METHOD@KEY=VALUE,KEY=VALUE` (a method run with recipe overrides, e.g. `lcsb:4@lora.rank=64`) ->
-    (METHOD, [KEY=VALUE, ...])."""
-    method, _, overrides = name.partition("@")
-    return method, [item for item in overrides.split(",") if item]
+    return list(dict.fromkeys([label_of(recipe), *compare, *([BASELINE] if budget == "equal-time" else [])]))
 
 
 def method_recipe(recipe: Recipe, name: str, total_steps: int) -> Recipe:
     """The recipe as `name` runs it, its LR schedule spanning the bench's `total_steps`."""
-    name, overrides = split_variant(name)
-    recipe = with_overrides(recipe, overrides, f"--compare {name}") if overrides else recipe
+    label, overrides = split_variant(name)
+    recipe = with_overrides(recipe, overrides, f"--compare {label}") if overrides else recipe
     recipe = replace_key(recipe, "train.max_steps", total_steps)
-    if (variant := lcsb_variant(name)) is not None:
-        blocks, window = variant
-        recipe = replace_key(replace_key(recipe, "method", "lcsb"), "lcsb.blocks", blocks)
-        if window == ALL_LAYERS:
-            return replace_key(recipe, "lcsb.upper_path", "exact")
-        if window is not None:
-            return replace_key(replace_key(recipe, "lcsb.upper_path", "identity"), "lcsb.exact_above", window)
-        return recipe
-    if name.startswith("full-backprop"):
-        full = replace_key(recipe, "method", "full-backprop")
-        return replace_key(full, "activation_checkpointing", name == "full-backprop+ckpt")
     # the users' alternative in its own setup: fp32 weights, Trainer's precision
-    if name.startswith("hf-trainer"):
+    if is_hf_trainer(label):
         plain = replace_key(replace_key(recipe, "activation_checkpointing", False), "model.dtype", "float32")
         return replace_key(plain, "train.autocast", "none")
-    return replace_key(recipe, "method", name)
+    return recipe_for_label(label, recipe)
 
 
 def run_bench(
@@ -109,9 +67,9 @@ def run_bench(
     names = method_names(recipe, compare, budget)
     if recipe.data.user == "all":
         raise BadInput("data.user: bench times one training run per method; use data.user=null (pooled) or a user id")
-    if recipe.backend != "cpu" and any(n.startswith("hf-trainer") for n in names):
+    if recipe.backend != "cpu" and any(map(is_hf_trainer, names)):
         raise BadInput("--compare hf-trainer runs on the cpu backend only")
-    if budget == "equal-time" and any(n.startswith("hf-trainer") for n in names):
+    if budget == "equal-time" and any(map(is_hf_trainer, names)):
         raise BadInput("--budget equal-time: hf-trainer runs a fixed number of steps; compare it at equal-steps")
     seed_values = [recipe.train.seed + i for i in range(seeds)]
     per_seed, rows, probe = [], [], None
@@ -130,7 +88,7 @@ def run_bench(
                 {n: s["rows"] for n, s in session.items()},
                 {n: s["eval"] for n, s in session.items()},
                 {n: s["memory"] for n, s in session.items()},
-                {n: compute_dtype(r, n) for n, r in recipes.items()},
+                {n: compute_dtype(r, hf_trainer_bf16(n)) for n, r in recipes.items()},
                 probe["matmul_limit_gflops"],
             )
         )
@@ -181,7 +139,7 @@ def summarize_bench(
 def _ideal_speedup(entry: dict, full: dict | None) -> dict:
     """lcsb:K against full backprop if its backward cost exactly a K-th of full backprop's and its forward were its
     own (which records the autograd graph of the active block only): (F_full + B_full) / (F_lcsb + B_full / K)."""
-    blocks = lcsb_blocks(entry["name"])
+    blocks = blocks_of(entry["name"])
     if blocks is None or full is None or "median_forward_s" not in full or "median_forward_s" not in entry:
         return {}
     ideal = (full["median_forward_s"] + full["median_backward_s"]) / (

@@ -114,9 +114,10 @@ class StepFlops:
         return base, lora_out, lora_in
 
 
-def compute_dtype(recipe: Recipe, name: str) -> str:
-    """bfloat16 when the frozen products run in bf16: bf16 weights, bf16 autocast or hf-trainer's bf16=True."""
-    bf16 = recipe.model.dtype == "bfloat16" or recipe.train.autocast == "bf16" or name.endswith(":bf16")
+def compute_dtype(recipe: Recipe, trainer_bf16: bool = False) -> str:
+    """bfloat16 when the frozen products run in bf16: bf16 weights, bf16 autocast or hf-trainer's bf16=True
+    (`trainer_bf16`)."""
+    bf16 = recipe.model.dtype == "bfloat16" or recipe.train.autocast == "bf16" or trainer_bf16
     return "bfloat16" if bf16 else "float32"
 
 

@@ -7,12 +7,35 @@ import multiprocessing
 import statistics
 from pathlib import Path
 
+from ..methods import FullBackprop
 from ..recipe import Recipe, to_dict
 
-BASELINE = "full-backprop"
+# full backprop without checkpointing: its label is its name
+BASELINE = FullBackprop.name
+# transformers' Trainer + peft, the users' alternative: a bench baseline, not one of the engine's methods
+HF_TRAINER = "hf-trainer"
+HF_TRAINER_BF16 = f"{HF_TRAINER}:bf16"
+HF_TRAINER_LABELS = (HF_TRAINER, HF_TRAINER_BF16)
 BUDGETS = ("equal-steps", "equal-time")
 # equal-time: timed steps of every method before each one's LR horizon is set
 PROBE_STEPS = 3
+
+
+def split_variant(name: str) -> tuple[str, list[str]]:
+    """`METHOD@KEY=VALUE,KEY=VALUE` (a method run with recipe overrides, e.g. `lcsb:4@lora.rank=64`) ->
+    (METHOD, [KEY=VALUE, ...])."""
+    method, _, overrides = name.partition("@")
+    return method, [item for item in overrides.split(",") if item]
+
+
+def is_hf_trainer(name: str) -> bool:
+    """`hf-trainer` or `hf-trainer:bf16`, with or without @KEY=VALUE overrides."""
+    return split_variant(name)[0] in HF_TRAINER_LABELS
+
+
+def hf_trainer_bf16(name: str) -> bool:
+    """`hf-trainer:bf16`, with or without @KEY=VALUE overrides: Trainer's bf16=True."""
+    return split_variant(name)[0] == HF_TRAINER_BF16
 
 
 def run_session(
@@ -107,8 +130,8 @@ class _Worker:
         context = multiprocessing.get_context("spawn")
         self.name = name
         self.conn, child = context.Pipe()
-        if name.startswith("hf-trainer"):
-            target, args = hf_trainer_worker, (child, to_dict(recipe), name.endswith(":bf16"), total_steps)
+        if is_hf_trainer(name):
+            target, args = hf_trainer_worker, (child, to_dict(recipe), hf_trainer_bf16(name), total_steps)
         else:
             target, args = lcsb_worker, (child, to_dict(recipe))
         self.process = context.Process(target=target, args=args, daemon=True)

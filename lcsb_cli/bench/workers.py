@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torch
 
+from ..methods import FullBackprop
 from ..model.memory import breakdown, peak_rss_mb
 from .roofline import ModelShape, StepFlops, plan_for, probe_matmul
 
@@ -63,7 +64,7 @@ def hf_trainer_worker(conn, recipe_dict: dict, bf16: bool, total: int) -> None:
     from ..data import build_train_batches
     from ..data.batching import collate
     from ..model.load import load_model
-    from ..recipe import recipe_from_dict, replace_key
+    from ..recipe import recipe_from_dict
 
     recipe = recipe_from_dict(recipe_dict)
     torch.manual_seed(recipe.train.seed)
@@ -73,7 +74,7 @@ def hf_trainer_worker(conn, recipe_dict: dict, bf16: bool, total: int) -> None:
     order = [i for step in range(total) for i in stream.indices(step)]
     # the LM head runs on every position in HF's loss
     shape = ModelShape.of(loaded.model.config, recipe)
-    flops = StepFlops(shape, plan_for(replace_key(recipe, "method", "full-backprop"), shape.layers), full_logits=True)
+    flops = StepFlops(shape, FullBackprop.plan(recipe, shape.layers), full_logits=True)
 
     class Timed(TrainerCallback):
         def on_step_begin(self, args, state, control, **kwargs):
