@@ -121,10 +121,12 @@ def _validate_npu(recipe: Recipe) -> None:
     import importlib.util
 
     npu = recipe.npu_sim
-    if recipe.backend in ("npu-sim", "npu-htp") and (recipe.quantization, recipe.train.autocast) != ("none", "none"):
+    if recipe.backend in ("npu-sim", "npu-htp") and (
+        recipe.quantization not in ("none", "gguf") or recipe.train.autocast != "none"
+    ):
         raise BadInput(
             f"quantization, train.autocast: {recipe.backend} keeps its own resident weights and product "
-            "precision (npu_sim.weights, npu_sim.precision); set quantization=none and train.autocast=none"
+            "precision (npu_sim.weights, npu_sim.precision); set quantization=none (or gguf) and train.autocast=none"
         )
     if npu.precision in ("w8a16", "w8a8") and npu.weights != "int8":
         raise BadInput(f"npu_sim.precision: {npu.precision} products read int8 weights; set npu_sim.weights=int8")
@@ -150,8 +152,10 @@ def _validate_memory(recipe: Recipe) -> None:
             "memory.streamed_load: builds transformers' own architectures; a model that needs "
             "model.trust_remote_code loads with memory.streamed_load=false"
         )
-    if recipe.memory.embedding != "keep" and not recipe.memory.streamed_load:
-        raise BadInput("memory.embedding: a 4-bit embedding / LM head needs memory.streamed_load=true")
+    if recipe.memory.embedding != "keep" and not (recipe.memory.streamed_load or recipe.quantization == "gguf"):
+        raise BadInput(
+            "memory.embedding: a 4-bit embedding / LM head needs memory.streamed_load=true (or quantization=gguf)"
+        )
 
 
 def _validate_trackers(trackers: list[str]) -> None:

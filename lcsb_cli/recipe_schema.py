@@ -209,8 +209,10 @@ class MemoryConfig:
 class Recipe:
     name: str = key("run", "the run's name (output_dir defaults to runs/NAME)")
     model: ModelConfig = key(None, "the base model", factory=ModelConfig)
-    quantization: Literal["none", "int8", "nf4", "fp4"] = key(
-        "none", "the frozen weights in bitsandbytes' int8 or 4-bit formats, or none"
+    quantization: Literal["none", "int8", "nf4", "fp4", "gguf"] = key(
+        "none",
+        "the frozen weights: bitsandbytes' int8 or 4-bit formats, gguf (a .gguf base's own blocks, dequantized per "
+        "product), or none",
     )
     lora: LoraConfig = key(None, "the adapters", factory=LoraConfig)
     method: Literal[METHODS] = key("lcsb", "the training method (lcsb_cli/methods.py)")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import importlib
 import importlib.util
 import json
 import shutil
@@ -85,14 +86,32 @@ def portable_name(name: str) -> str:
 
 def preset_gguf_file(name: str, spec: dict) -> Path:
     """A GGUF preset's file inside its installed package, found through the import system (without importing the
-    package, whose own dependencies lcsb does not need)."""
+    package, whose own dependencies lcsb does not need), or assembled once from the package's chunks."""
     found = importlib.util.find_spec(spec["package"])
     if found is None or not found.submodule_search_locations:
         raise BadInput(f"model.name: the preset {name} needs the package {spec['package']}: {spec['install']}")
+    if "assemble" in spec:
+        return _assembled_gguf(spec)
     path = Path(next(iter(found.submodule_search_locations))) / spec["file"]
     if not path.is_file():
         raise BadInput(f"model.name: {path} is missing from {spec['package']}; reinstall it: {spec['install']}")
     return path
+
+
+def _assembled_gguf(spec: dict) -> Path:
+    """The package's `assemble(path)` writes the file from its chunk packages, checking its SHA-256; once, under a
+    lock, renamed into place when whole."""
+    from filelock import FileLock
+
+    target = cache_root() / "gguf-files" / spec["assemble"]
+    if target.is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(target.parent / ".assemble.lock")):
+        if not target.is_file():
+            package = importlib.import_module(spec["package"])
+            atomic.write_file(target, lambda tmp: package.assemble(tmp, overwrite=True))
+    return target
 
 
 def check_checkpoint_files(path: Path) -> None:
@@ -177,6 +196,8 @@ def load_base(recipe: Recipe, device: torch.device):
 
     if recipe.memory.streamed_load and recipe.quantization in ("nf4", "fp4"):
         return _load_streamed(recipe)
+    if recipe.quantization == "gguf":
+        return _load_packed(recipe)
     base_dir = resolve_base_dir(recipe.model.name, recipe.model.dtype)
     if recipe.model.trust_remote_code:
         warnings.warn(f"model.trust_remote_code is on: Python code shipped in {base_dir} will run", stacklevel=2)
@@ -217,6 +238,25 @@ def _load_streamed(recipe: Recipe):
     model = streamed.streamed_model(config, dtype, recipe.quantization, recipe.memory.embedding, source)
     if isinstance(source, streamed.RandomInit):
         atomic.write_dir(cached.parent, lambda tmp: streamed.save_quantized(model, tmp / cached.name))
+    model.config.use_cache = False
+    return model, config, base_dir
+
+
+def _load_packed(recipe: Recipe):
+    """quantization: gguf: the decoder's Linears keep the GGUF file's blocks (gguf_packed.py), built one module at a
+    time on the meta device like the streamed build; the rest comes from the file's converted checkpoint."""
+    from .gguf_packed import GgufPacked
+
+    source_file = gguf_source(recipe.model.name)
+    if source_file is None:
+        raise BadInput(
+            f"quantization: gguf trains on a GGUF file's own blocks; model.name must be a .gguf file or a GGUF "
+            f"preset, not {recipe.model.name!r}"
+        )
+    base_dir = resolve_base_dir(recipe.model.name, recipe.model.dtype)
+    config = check_causal_lm(base_dir, recipe.model.trust_remote_code)
+    source = GgufPacked(base_dir, source_file, config)
+    model = streamed.streamed_model(config, DTYPES[recipe.model.dtype], "gguf", recipe.memory.embedding, source)
     model.config.use_cache = False
     return model, config, base_dir
 

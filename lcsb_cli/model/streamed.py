@@ -177,11 +177,11 @@ def save_quantized(model: nn.Module, path: Path) -> None:
 
 
 def streamed_model(config, dtype: torch.dtype, kind: str | None, embedding: str, source: FloatSource) -> nn.Module:
-    """The causal LM of `config`, built on the meta device in `dtype` (so every tensor has the dtype transformers
-    gives it) and materialised, cast and quantized one module at a time. `kind` (nf4 | fp4; None keeps them in
-    `dtype`): the Linears transformers' bitsandbytes quantizer converts, in 4-bit with double quant in blocks of 64,
-    as `models.quantization_config` asks it. `embedding`: keep (embedding and LM head in `dtype`) | nf4 | fp4
-    (QuantizedRows, shared when tied). What the build cannot reproduce is BadInput, never a different model."""
+    """The causal LM of `config`, built on the meta device in `dtype` (so every tensor has the dtype transformers gives
+    it) and materialised, cast and quantized one module at a time. `kind` (nf4 | fp4; gguf: `source` builds them; None
+    keeps them in `dtype`): the Linears transformers' bitsandbytes quantizer converts, in 4-bit with double quant in
+    blocks of 64, as `models.quantization_config` asks it. `embedding`: keep (embedding and LM head in `dtype`) | nf4 |
+    fp4 (QuantizedRows, shared when tied). What the build cannot reproduce is BadInput, never a different model."""
     from transformers import AutoModelForCausalLM
     from transformers.quantizers.base import get_keys_to_not_convert
     from transformers.quantizers.quantizers_utils import should_convert_module
@@ -206,7 +206,7 @@ def streamed_model(config, dtype: torch.dtype, kind: str | None, embedding: str,
                 "set memory.streamed_load=false"
             )
     # peft gives bitsandbytes layers its 4-bit LoRA class on this flag
-    model.is_loaded_in_4bit = kind is not None
+    model.is_loaded_in_4bit = kind in ("nf4", "fp4")
     return model
 
 

@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from ...errors import BadInput
+from ...model.packed import PackedLinear
 from .device import WEIGHT_BYTES, DeviceModel
 from .executor import NpuExecutor, Resident
 
@@ -111,9 +112,15 @@ def _plain_forward(site: NpuSite):
 
 
 def _offload(name: str, linear: nn.Linear, executor: NpuExecutor, device: DeviceModel) -> NpuSite:
-    """Load the weight into the NPU and leave only a meta tensor of its shape on the CPU side."""
-    resident = executor.load(name, linear.weight)
-    linear.weight = nn.Parameter(torch.empty(linear.weight.shape, device="meta"), requires_grad=False)
+    """Load the weight into the NPU and leave only a meta tensor of its shape on the CPU side. A GGUF layer's blocks
+    (quantization gguf) are dequantized once into the NPU's own resident format, as a phone converts the file."""
+    weight = linear.dequantized_weight() if isinstance(linear, PackedLinear) else linear.weight
+    resident = executor.load(name, weight)
+    placeholder = torch.empty(weight.shape, device="meta")
+    if isinstance(linear, PackedLinear):
+        linear.weight = placeholder
+    else:
+        linear.weight = nn.Parameter(placeholder, requires_grad=False)
     return NpuSite(executor, device, resident, linear.bias)
 
 
@@ -131,7 +138,11 @@ def install(layers: nn.ModuleList, executor: NpuExecutor, device: DeviceModel) -
         module.forward = _lora_forward(module, _offload(qualified, module.base_layer, executor, device))
     for index, layer in enumerate(layers):
         for name, module in layer.named_modules():
-            if type(module) is nn.Linear and id(module) not in bases | adapters and not module.weight.requires_grad:
+            if (
+                type(module) in (nn.Linear, PackedLinear)
+                and id(module) not in bases | adapters
+                and not module.weight.requires_grad
+            ):
                 module.forward = _plain_forward(_offload(f"{index}.{name}", module, executor, device))
     return executor.residents
 
@@ -142,8 +153,8 @@ def _check_plain_lora(name: str, module) -> None:
             f"backend npu-sim / npu-htp: {name} is not a plain single-adapter LoRA linear (DoRA, several "
             "adapters); use backend=cpu"
         )
-    if type(module.base_layer) is not nn.Linear:
+    if type(module.base_layer) not in (nn.Linear, PackedLinear):
         raise BadInput(
             f"backend npu-sim / npu-htp: {name} wraps a {type(module.base_layer).__name__}; the NPU backends "
-            "need plain linear base layers (quantization=none)"
+            "need plain linear base layers (quantization none or gguf)"
         )

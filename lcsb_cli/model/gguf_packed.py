@@ -1,0 +1,62 @@
+"""`quantization: gguf`: a .gguf base trained as the file holds it. The decoder's Linears keep the file's blocks
+(Q4_0 ... Q6_K) and dequantize per product, forward and input gradient alike (packed.py); everything else (norms,
+the embedding and LM head) comes from the file's converted checkpoint (gguf_in.py), in the recipe's dtype. A
+Linear the file stores as F32 / F16 / BF16 is kept in that type the same way."""
+
+from __future__ import annotations
+
+import mmap
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from ..errors import BadInput
+from . import streamed
+from .packed import from_gguf_tensor
+
+# llama.cpp stores these archs' q/k rows with the two rotary halves of each head interleaved
+ROTARY_INTERLEAVED = {"llama"}
+
+
+class GgufPacked(streamed.SafetensorsCheckpoint):
+    """The converted checkpoint's tensors, except that decoder Linears are read packed from the GGUF file."""
+
+    def __init__(self, checkpoint: Path, source: Path, config):
+        import gguf
+
+        super().__init__(checkpoint)
+        reader = gguf.GGUFReader(source)
+        self.arch = str(reader.fields["general.architecture"].contents())
+        arch_id = next((key for key, name in gguf.MODEL_ARCH_NAMES.items() if name == self.arch), None)
+        if arch_id is None:
+            raise BadInput(f"quantization: gguf: the gguf package does not know the architecture {self.arch!r}")
+        self.names = gguf.get_tensor_name_map(arch_id, config.num_hidden_layers)
+        self.tensors = {tensor.name: tensor for tensor in reader.tensors}
+        self.file_map = reader.data._mmap
+        self.config = config
+
+    def linear(self, model, name, module, kind, dtype):
+        base = self.names.get_name(name)
+        tensor = self.tensors.get(f"{base}.weight") if base else None
+        if tensor is None:
+            raise BadInput(f"quantization: gguf: the GGUF file holds no tensor for {name} (looked for {base}.weight)")
+        packed = from_gguf_tensor(tensor, self.row_order(base, module.out_features), compute_dtype=dtype)
+        self.drop_pages(tensor)
+        if module.bias is not None:
+            packed.bias = nn.Parameter(self._read(f"{name}.bias").to(dtype), requires_grad=False)
+        return packed
+
+    def drop_pages(self, tensor) -> None:
+        """Hand the file pages just copied back to the kernel: read through the reader's memory map, they would
+        otherwise stay in the resident set until the map closes, a second copy of every packed weight at load."""
+        start = tensor.data_offset - tensor.data_offset % mmap.PAGESIZE
+        self.file_map.madvise(mmap.MADV_DONTNEED, start, tensor.data_offset + int(tensor.n_bytes) - start)
+
+    def row_order(self, base: str, rows: int) -> torch.Tensor | None:
+        """For each output row of the transformers layer, the file's row: transformers' GGUF loader undoes
+        llama.cpp's rotary interleave of Llama's q/k rows, and the packed layer must read them the same way."""
+        if self.arch not in ROTARY_INTERLEAVED or not base.endswith(("attn_q", "attn_k")):
+            return None
+        heads = self.config.num_attention_heads if base.endswith("attn_q") else self.config.num_key_value_heads
+        return torch.arange(rows).reshape(heads, rows // heads // 2, 2).transpose(1, 2).reshape(rows)

