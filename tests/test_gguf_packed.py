@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -137,3 +138,28 @@ def test_npu_sim_reads_the_packed_base_into_the_same_residents_as_the_dequantize
         rows[kind] = read_metrics(tmp_path / kind / "metrics.jsonl")
     assert [r["loss"] for r in rows["gguf"]] == [r["loss"] for r in rows["none"]]
     assert all(r["sim_step_time_s"] > 0 for r in rows["gguf"])
+
+
+def test_a_block_type_the_packed_base_cannot_read_is_one_line_naming_the_tensor(tmp_path, monkeypatch):
+    from lcsb_cli.model import gguf_quants
+
+    def without_q4_1():
+        monkeypatch.setattr(gguf_quants, "SUPPORTED", gguf_quants.SUPPORTED - {gguf_quants.T.Q4_1})
+
+    run = tmp_path / "run"
+    proc = cli("train", str(SMOL), *SHORT, "quantization=gguf", "--output", str(run), setup=without_q4_1)
+    assert_one_line_error(proc, "blk.0.attn_q.weight: GGUF type Q4_1 is not supported")
+    assert not run.exists()
+
+
+def test_a_cut_short_gguf_file_is_one_line_of_bad_input_and_leaves_no_cache_entry(tmp_path):
+    from lcsb_cli.model.load import gguf_source
+
+    source = gguf_source("smollm2-135m").read_bytes()
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(source[: len(source) // 2])
+    run = tmp_path / "run"
+    proc = cli("train", str(SMOL), *SHORT, f"model.name={cut}", "quantization=gguf", "--output", str(run))
+    assert_one_line_error(proc, "cut.gguf is truncated or damaged")
+    assert not run.exists()
+    assert not list((Path(os.environ["LCSB_CACHE"]) / "gguf").glob("cut-*"))
