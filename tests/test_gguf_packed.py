@@ -163,3 +163,33 @@ def test_a_cut_short_gguf_file_is_one_line_of_bad_input_and_leaves_no_cache_entr
     assert_one_line_error(proc, "cut.gguf is truncated or damaged")
     assert not run.exists()
     assert not list((Path(os.environ["LCSB_CACHE"]) / "gguf").glob("cut-*"))
+
+
+@pytest.mark.parametrize("base", ["smollm2-135m", "gemma3-270m"])
+def test_the_tensor_index_finds_what_gguf_reader_finds_without_its_metadata_objects(base, tmp_path):
+    import gguf
+    import numpy as np
+
+    from lcsb_cli.errors import BadInput
+    from lcsb_cli.model.gguf_index import GgufIndex
+    from lcsb_cli.model.load import gguf_source
+
+    if importlib.util.find_spec(PACKAGES[base]) is None:
+        pytest.skip(f"{PACKAGES[base]} is not installed")
+    path = gguf_source(base)
+    index, reader = GgufIndex(path), gguf.GGUFReader(path)
+    assert index.architecture == reader.fields["general.architecture"].contents()
+    assert list(index.tensors) == [tensor.name for tensor in reader.tensors]
+    for tensor in reader.tensors:
+        entry = index.tensors[tensor.name]
+        assert (entry.tensor_type, entry.shape, entry.data_offset, entry.n_bytes) == (
+            tensor.tensor_type,
+            tuple(int(n) for n in tensor.shape),
+            tensor.data_offset,
+            int(tensor.n_bytes),
+        )
+        assert entry.data.dtype == tensor.data.dtype and np.array_equal(entry.data, tensor.data)
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(path.read_bytes()[: path.stat().st_size - 1000])
+    with pytest.raises(BadInput, match="cut.gguf is truncated or damaged: tensor .* ends at byte"):
+        GgufIndex(cut)

@@ -13,6 +13,7 @@ from torch import nn
 
 from ..errors import BadInput
 from . import streamed
+from .gguf_index import GgufIndex
 from .packed import from_gguf_tensor
 
 # llama.cpp stores these archs' q/k rows with the two rotary halves of each head interleaved
@@ -26,14 +27,14 @@ class GgufPacked(streamed.SafetensorsCheckpoint):
         import gguf
 
         super().__init__(checkpoint)
-        reader = gguf.GGUFReader(source)
-        self.arch = str(reader.fields["general.architecture"].contents())
+        index = GgufIndex(source)
+        self.arch = index.architecture
         arch_id = next((key for key, name in gguf.MODEL_ARCH_NAMES.items() if name == self.arch), None)
         if arch_id is None:
             raise BadInput(f"quantization: gguf: the gguf package does not know the architecture {self.arch!r}")
         self.names = gguf.get_tensor_name_map(arch_id, config.num_hidden_layers)
-        self.tensors = {tensor.name: tensor for tensor in reader.tensors}
-        self.file_map = reader.data._mmap
+        self.tensors = index.tensors
+        self.file_map = index.file_map
         self.config = config
 
     def linear(self, model, name, module, kind, dtype):
@@ -48,7 +49,7 @@ class GgufPacked(streamed.SafetensorsCheckpoint):
         return packed
 
     def drop_pages(self, tensor) -> None:
-        """Hand the file pages just copied back to the kernel: read through the reader's memory map, they would
+        """Hand the file pages just copied back to the kernel: read through the file's memory map, they would
         otherwise stay in the resident set until the map closes, a second copy of every packed weight at load."""
         start = tensor.data_offset - tensor.data_offset % mmap.PAGESIZE
         self.file_map.madvise(mmap.MADV_DONTNEED, start, tensor.data_offset + int(tensor.n_bytes) - start)
