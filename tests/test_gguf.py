@@ -204,7 +204,7 @@ def test_bad_gguf_files_exit_2_and_leave_the_cache_clean(bad_gguf, tmp_path, nam
 @pytest.mark.parametrize(
     "flags, message",
     [
-        (["--format", "gguf"], "--format gguf writes a merged model: add --merge"),
+        (["--format", "gguf", "--outtype", "bf16"], "--outtype: 'bf16' is not one of f32, f16 (for an adapter GGUF)"),
         (["--merge", "--outtype", "q8_0"], "--outtype applies to --format gguf only"),
         (["--merge", "--format", "gguf", "--outtype", "q4"], "--outtype: 'q4' is not one of f16, bf16, q8_0"),
         (["--merge", "--format", "onnx"], "--format: 'onnx' is not one of hf, gguf"),

@@ -259,31 +259,61 @@ def export(
     output: Annotated[
         Path,
         typer.Option(
-            "--output", "-o", help="A new (or empty) directory to write; with --format gguf, a new .gguf file."
+            "--output",
+            "-o",
+            help="A new (or empty) directory to write; with --format gguf, a new .gguf file (an adapter GGUF of a "
+            "per-user run without --user: a new or empty directory).",
         ),
     ],
     merge: Annotated[bool, flag("--merge", help="Write the base model with the adapter merged in.")] = False,
     fmt: Annotated[
         str,
         typer.Option(
-            "--format", help="Merged model as an HF checkpoint dir (hf) or one GGUF file that llama.cpp loads (gguf)."
+            "--format",
+            help="hf: the PEFT adapter, or with --merge an HF checkpoint dir. gguf: llama.cpp's LoRA adapter GGUF, "
+            "or with --merge one merged GGUF file.",
         ),
     ] = "hf",
     outtype: Annotated[
         str | None,
-        typer.Option("--outtype", help="GGUF matrices: f16 (default) | bf16 | q8_0; 1-D tensors stay f32."),
+        typer.Option(
+            "--outtype",
+            help="GGUF matrices: merged f16 (default) | bf16 | q8_0 (1-D tensors stay f32); adapter f32 (default) "
+            "| f16.",
+        ),
     ] = None,
     user: Annotated[str | None, typer.Option("--user", help="For a per-user run: whose adapter.")] = None,
+    modelfile: Annotated[
+        bool,
+        flag(
+            "--modelfile",
+            help="With an adapter GGUF: also an Ollama Modelfile (FROM the run's base .gguf, ADAPTER the new file) "
+            "beside each adapter, named as it with the suffix .Modelfile.",
+        ),
+    ] = False,
 ) -> None:
-    """Write a run's adapter (PEFT format) or, with --merge, a standalone merged model (HF dir or GGUF file).
+    """Write a run's adapter (PEFT format or llama.cpp's adapter GGUF) or, with --merge, a standalone merged model.
+
+    Adapter GGUF (--format gguf without --merge): a run or `--user ID` of a per-user run gives one file, --output; a
+    per-user run without --user gives --output as a new or empty directory holding USER.gguf for every user whose
+    adapter is finished. --modelfile writes OUT.Modelfile beside OUT.gguf (USER.Modelfile in the directory) for
+    `ollama create NAME -f OUT.Modelfile`; it needs a .gguf base (a GGUF preset or a .gguf model.name). It has no
+    TEMPLATE line: Ollama reads the base GGUF's chat template itself.
 
     Examples: `lcsb export runs/lamp2 -o adapter/` · `lcsb export runs/chat --merge -o merged/` ·
-    `lcsb export runs/chat --merge --format gguf -o chat.gguf`."""
+    `lcsb export runs/chat --merge --format gguf -o chat.gguf` · `lcsb export runs/chat --format gguf -o chat.gguf
+    --modelfile` · `lcsb export runs/lamp2-smollm2 --format gguf -o users/`."""
     from ..model.export import export_run
 
-    written = export_run(run_dir, output, merge, user, fmt, outtype)
-    kind = f"merged {fmt.upper()} model" if merge else "adapter"
-    out.print(f"{kind} written to {written}", highlight=False, soft_wrap=True)
+    written = export_run(run_dir, output, merge, user, fmt, outtype, modelfile)
+    if merge:
+        kind = f"merged {fmt.upper()} model"
+    elif fmt == "gguf":
+        kind = "LoRA adapter GGUFs (one per user)" if written.is_dir() else "LoRA adapter GGUF"
+    else:
+        kind = "adapter"
+    extra = " with Ollama Modelfiles" if modelfile else ""
+    out.print(f"{kind}{extra} written to {written}", highlight=False, soft_wrap=True)
 
 
 @app.command()

@@ -1,4 +1,5 @@
-"""`lcsb export`: a run's adapter in PEFT format, or the base model with the adapter merged in (HF or GGUF)."""
+"""`lcsb export`: a run's adapter in PEFT format or as llama.cpp's adapter GGUF (with an Ollama Modelfile), or the
+base model with the adapter merged in (HF or GGUF)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ import torch
 from .. import atomic
 from ..errors import BadInput
 from ..recipe import replace_key
-from ..run.rundir import finished_run
-from . import gguf_out
+from ..run.rundir import RunDir, finished_run
+from . import gguf_adapter, gguf_out
 
 FORMATS = ("hf", "gguf")
 
@@ -23,18 +24,20 @@ def export_run(
     user: str | None = None,
     fmt: str = "hf",
     outtype: str | None = None,
+    modelfile: bool = False,
 ) -> Path:
-    """Write `output` atomically (a new or empty dir; for GGUF a new file), filled beside it and renamed."""
+    """Write `output` atomically (a new or empty dir; for GGUF a new file), filled beside it and renamed. An adapter
+    GGUF of a per-user run without `user` is a dir of USER.gguf files (see `_adapter_gguf`)."""
+    _check_format(fmt, outtype, merge, modelfile)
+    if fmt == "gguf" and not merge:
+        return _adapter_gguf(RunDir(run_dir), output, user, outtype or "f32", modelfile)
     recipe, adapter = finished_run(run_dir, user)
-    _check_format(fmt, outtype, merge)
     if fmt == "gguf":
-        if output.exists():
-            raise BadInput(f"--output: {output} exists; name a new .gguf file")
+        _check_new_file(output)
         _check_gguf_architecture(recipe)
         atomic.write_file(output, lambda tmp: _merged_gguf(recipe, adapter, tmp, outtype or "f16"))
         return output
-    if output.exists() and (not output.is_dir() or any(output.iterdir())):
-        raise BadInput(f"--output: {output} exists and is not empty; choose a new directory")
+    _check_new_dir(output)
     if merge:
         atomic.write_dir(output, lambda tmp: _merged_hf(recipe, adapter, tmp))
     else:
@@ -42,15 +45,104 @@ def export_run(
     return output
 
 
-def _check_format(fmt: str, outtype: str | None, merge: bool) -> None:
+def _check_format(fmt: str, outtype: str | None, merge: bool, modelfile: bool) -> None:
     if fmt not in FORMATS:
         raise BadInput(f"--format: {fmt!r} is not one of {', '.join(FORMATS)}")
-    if fmt == "gguf" and not merge:
-        raise BadInput("--format gguf writes a merged model: add --merge")
+    if modelfile and (fmt != "gguf" or merge):
+        raise BadInput("--modelfile goes with an adapter GGUF: --format gguf without --merge")
     if outtype is not None and fmt != "gguf":
         raise BadInput("--outtype applies to --format gguf only")
-    if outtype is not None and outtype not in gguf_out.OUTTYPES:
-        raise BadInput(f"--outtype: {outtype!r} is not one of {', '.join(gguf_out.OUTTYPES)}")
+    outtypes = gguf_out.OUTTYPES if merge else tuple(gguf_adapter.OUTTYPES)
+    if outtype is not None and outtype not in outtypes:
+        kind = "a merged GGUF" if merge else "an adapter GGUF"
+        raise BadInput(f"--outtype: {outtype!r} is not one of {', '.join(outtypes)} (for {kind})")
+
+
+def _check_new_file(path: Path) -> None:
+    if path.exists():
+        raise BadInput(f"--output: {path} exists; name a new .gguf file")
+
+
+def _check_new_dir(path: Path) -> None:
+    if path.exists() and (not path.is_dir() or any(path.iterdir())):
+        raise BadInput(f"--output: {path} exists and is not empty; choose a new directory")
+
+
+def _adapter_gguf(run: RunDir, output: Path, user: str | None, outtype: str, with_modelfile: bool) -> Path:
+    """llama.cpp's adapter GGUF: one file for a run or for `user` of a per-user run; for a per-user run without
+    `user`, `output` is a new or empty dir holding USER.gguf for every user whose adapter is finished. With
+    `with_modelfile`, an Ollama Modelfile beside each adapter: its name with the suffix `.Modelfile`."""
+    if user is None and run.adapters.is_dir():
+        return _users_gguf(run, output, outtype, with_modelfile)
+    if user is not None and run.is_run():
+        # an unknown user is named as such (BadInput), not as an unfinished run
+        run.adapter_of(user, per_user=True)
+    recipe, adapter = finished_run(run.root, user)
+    _check_adapter_file(output, with_modelfile)
+    base, modelfile_base = _adapter_base(recipe, with_modelfile)
+    name = _gguf_name(recipe, user)
+    atomic.write_file(output, lambda tmp: gguf_adapter.write_adapter(adapter, base, tmp, outtype, name))
+    if modelfile_base is not None:
+        _write_modelfile(modelfile_base, output)
+    return output
+
+
+def _check_adapter_file(output: Path, with_modelfile: bool) -> None:
+    """A new file; with a Modelfile, OUT.gguf beside a new OUT.Modelfile."""
+    if with_modelfile and output.suffix != ".gguf":
+        raise BadInput(
+            f"--output: with --modelfile name the adapter OUT.gguf (the Modelfile is OUT.Modelfile): {output}"
+        )
+    for path in [output, _modelfile_path(output)] if with_modelfile else [output]:
+        _check_new_file(path)
+
+
+def _users_gguf(run: RunDir, output: Path, outtype: str, with_modelfile: bool) -> Path:
+    """USER.gguf (and USER.Modelfile) for every finished user of a per-user run, in one new dir."""
+    users = sorted(p.name for p in run.adapters.iterdir() if (p / "adapter_config.json").is_file())
+    if not users:
+        raise BadInput(f"{run.adapters}: no user's adapter to export yet; finish the run first")
+    recipe, _ = finished_run(run.root, users[0])
+    _check_new_dir(output)
+    base, modelfile_base = _adapter_base(recipe, with_modelfile)
+
+    def write(tmp: Path) -> None:
+        for user in users:
+            name = _gguf_name(recipe, user)
+            gguf_adapter.write_adapter(run.user_adapter(user), base, tmp / f"{user}.gguf", outtype, name)
+            if modelfile_base is not None:
+                # the adapter's path once the dir is in place
+                text = gguf_adapter.modelfile(modelfile_base, output / f"{user}.gguf")
+                (tmp / f"{user}.Modelfile").write_text(text)
+
+    atomic.write_dir(output, write)
+    return output
+
+
+def _adapter_base(recipe, with_modelfile: bool) -> tuple:
+    """(the base as the adapter GGUF needs it, its GGUF file for the Modelfile or None without --modelfile)."""
+    base = gguf_adapter.base_of(recipe)
+    if with_modelfile and base.gguf is None:
+        raise BadInput(f"--modelfile needs a .gguf base; this run's base {recipe.model.name} is not a GGUF file")
+    return base, base.gguf if with_modelfile else None
+
+
+def _gguf_name(recipe, user: str | None) -> str:
+    """general.name of an adapter GGUF: the run's name, and the user's."""
+    return recipe.name if user is None else f"{recipe.name}-{user}"
+
+
+def _modelfile_path(adapter_file: Path) -> Path:
+    return adapter_file.with_suffix(".Modelfile")
+
+
+def _write_modelfile(base_file: Path, adapter_file: Path) -> None:
+    """The Modelfile beside `adapter_file`; the adapter goes too if it cannot be written, so neither is left alone."""
+    try:
+        atomic.write_text_atomic(_modelfile_path(adapter_file), gguf_adapter.modelfile(base_file, adapter_file))
+    except BaseException:
+        adapter_file.unlink()
+        raise
 
 
 def _check_gguf_architecture(recipe) -> None:

@@ -145,11 +145,8 @@ def _pre_tokenizer(spec: dict) -> str:
 
 def _tensors(model, arch: str, outtype: str):
     """(GGUF name, data, GGML type) for every tensor llama.cpp reads: 1-D tensors in F32, matrices in `outtype`."""
-    import gguf
-
     config = model.config
-    arch_id = next(key for key, value in gguf.MODEL_ARCH_NAMES.items() if value == arch)
-    names = gguf.get_tensor_name_map(arch_id, config.num_hidden_layers)
+    names = tensor_names(arch, config.num_hidden_layers)
     for hf_name, tensor in model.state_dict().items():
         if hf_name == "lm_head.weight" and config.tie_word_embeddings:
             continue
@@ -162,6 +159,14 @@ def _tensors(model, arch: str, outtype: str):
             heads = config.num_attention_heads if name.endswith("attn_q") else config.num_key_value_heads
             data = interleave_rotary(data, heads)
         yield f"{name}.{suffix}", *_encode(data, outtype)
+
+
+def tensor_names(arch: str, layers: int):
+    """gguf's map from HF module names (`model.layers.0.self_attn.q_proj`) to llama.cpp's (`blk.0.attn_q`)."""
+    import gguf
+
+    arch_id = next(key for key, value in gguf.MODEL_ARCH_NAMES.items() if value == arch)
+    return gguf.get_tensor_name_map(arch_id, layers)
 
 
 def interleave_rotary(weight: np.ndarray, heads: int) -> np.ndarray:
