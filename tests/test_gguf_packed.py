@@ -23,8 +23,8 @@ from lcsb_cli.run.engine import train
 from lcsb_cli.run.hooks import SilentReporter
 from lcsb_cli.run.rundir import read_metrics
 
-# one worker converts each base once and shares it
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("smollm2")]
+# its own worker (the session cache converts each base once, under a lock), beside test_smollm2.py's
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("gguf-packed")]
 SMOL = REPO / "recipes" / "lamp2-smollm2.yaml"
 SHORT = [
     "data.user=null",
