@@ -193,3 +193,17 @@ def test_the_tensor_index_finds_what_gguf_reader_finds_without_its_metadata_obje
     cut.write_bytes(path.read_bytes()[: path.stat().st_size - 1000])
     with pytest.raises(BadInput, match="cut.gguf is truncated or damaged: tensor .* ends at byte"):
         GgufIndex(cut)
+
+
+def test_a_file_tensor_whose_shape_disagrees_with_the_model_is_bad_input_naming_both():
+    from transformers import AutoConfig
+
+    from lcsb_cli.errors import BadInput
+    from lcsb_cli.model.gguf_packed import GgufPacked
+    from lcsb_cli.model.load import gguf_source, resolve_base_dir
+
+    checkpoint = resolve_base_dir("smollm2-135m", "float32")
+    source = GgufPacked(checkpoint, gguf_source("smollm2-135m"), AutoConfig.from_pretrained(checkpoint))
+    wrong = torch.nn.Linear(512, 576, bias=False, device="meta")
+    with pytest.raises(BadInput, match=r"blk.0.attn_q.weight is \[576, 576\] in the file, .* is \[576, 512\]"):
+        source.linear(None, "model.layers.0.self_attn.q_proj", wrong, "gguf", torch.float32)

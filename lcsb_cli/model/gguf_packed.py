@@ -42,6 +42,11 @@ class GgufPacked(streamed.SafetensorsCheckpoint):
         tensor = self.tensors.get(f"{base}.weight") if base else None
         if tensor is None:
             raise BadInput(f"quantization: gguf: the GGUF file holds no tensor for {name} (looked for {base}.weight)")
+        if tuple(reversed(tensor.shape)) != (module.out_features, module.in_features):
+            raise BadInput(
+                f"quantization: gguf: {tensor.name} is {list(reversed(tensor.shape))} in the file, but the model's "
+                f"{name} is [{module.out_features}, {module.in_features}]"
+            )
         packed = from_gguf_tensor(tensor, self.row_order(base, module.out_features), compute_dtype=dtype)
         self.drop_pages(tensor)
         if module.bias is not None:
