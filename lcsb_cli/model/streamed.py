@@ -141,14 +141,7 @@ class QuantizedFile(FloatSource):
     def linear(self, model, name, module, kind, dtype):
         import bitsandbytes as bnb
 
-        out = bnb.nn.Linear4bit(
-            module.in_features,
-            module.out_features,
-            bias=module.bias is not None,
-            compute_dtype=dtype,
-            quant_type=kind,
-            device="meta",
-        )
+        out = _meta_linear4bit(module, kind, dtype)
         stats = {k: v for k, v in self.tensors.items() if k.startswith(f"{name}.weight.")}
         out.weight = bnb.nn.Params4bit.from_prequantized(self._get(f"{name}.weight"), stats, device="cpu", module=out)
         if module.bias is not None:
@@ -358,10 +351,11 @@ def _replace(model: nn.Module, name: str, new: nn.Module) -> None:
     setattr(model.get_submodule(parent) if parent else model, leaf, new)
 
 
-def _linear4bit(linear: nn.Linear, kind: str, dtype: torch.dtype) -> nn.Module:
+def _meta_linear4bit(linear: nn.Linear, kind: str, dtype: torch.dtype) -> nn.Module:
+    """An empty bitsandbytes Linear4bit of `linear`'s shape (double quant), its weight still to be set."""
     import bitsandbytes as bnb
 
-    out = bnb.nn.Linear4bit(
+    return bnb.nn.Linear4bit(
         linear.in_features,
         linear.out_features,
         bias=linear.bias is not None,
@@ -370,6 +364,12 @@ def _linear4bit(linear: nn.Linear, kind: str, dtype: torch.dtype) -> nn.Module:
         quant_type=kind,
         device="meta",
     )
+
+
+def _linear4bit(linear: nn.Linear, kind: str, dtype: torch.dtype) -> nn.Module:
+    import bitsandbytes as bnb
+
+    out = _meta_linear4bit(linear, kind, dtype)
     out.weight = bnb.nn.Params4bit(
         linear.weight.data.to(dtype), requires_grad=False, compress_statistics=True, quant_type=kind, module=out
     ).to("cpu")
