@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from .selective.choices import IDLE_UPDATES, SCHEDULES, UPPER_PATHS
+from .selective.choices import IDLE_UPDATES, LR_SCALES, ON_RETURN, SCHEDULES, UPPER_PATHS
 
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 # data/formats.py implements each (a test checks)
@@ -63,11 +63,21 @@ class LcsbConfig:
     upper_path: Literal[UPPER_PATHS] = key(
         "exact",
         "layers above the active block: exact (true gradient, their "
-        "LoRA frozen; measured better on a real model) | identity (the paper)",
+        "LoRA frozen; measured better on a real model) | identity (the paper) | suffix (exact, and their LoRA "
+        "trains too)",
     )
     exact_above: int = key(0, "identity path: layers just above the active block that backpropagate exactly", min=0)
     idle_update: Literal[IDLE_UPDATES] = key(
         "momentum", "idle blocks: momentum (step on their stored AdamW moments, the paper) | none"
+    )
+    lr_scale: Literal[LR_SCALES] = key(
+        "none",
+        "rate per block times none | sqrt_k (1/sqrt of its share of steps with a gradient: what idle momentum "
+        "loses) | k (1/share: what idle_update none loses)",
+    )
+    switch_every: int = key(1, "steps a block stays active before the schedule moves on (BAdam, HiFT)", min=1)
+    on_return: Literal[ON_RETURN] = key(
+        "keep", "a block that becomes active again: keep its AdamW moments | reset them (BAdam)"
     )
 
 

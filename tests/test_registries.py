@@ -60,19 +60,23 @@ def test_every_method_label_round_trips_through_its_recipe(label):
 
 
 def test_a_label_sets_the_keys_its_variant_names():
-    from lcsb_cli.methods import blocks_of, recipe_for_label
+    from lcsb_cli.methods import blocks_of, label_of, recipe_for_label
 
     recipe = load_recipe(LAMP2, ["activation_checkpointing=true"])
     exact = recipe_for_label("lcsb:3:exact", recipe)
     window = recipe_for_label("lcsb:4:exact2", recipe)
     assert (exact.lcsb.blocks, exact.lcsb.upper_path) == (3, "exact")
     assert (window.lcsb.blocks, window.lcsb.upper_path, window.lcsb.exact_above) == (4, "identity", 2)
+    suffix = recipe_for_label("lcsb:2:suffix", recipe)
+    assert (suffix.lcsb.blocks, suffix.lcsb.upper_path, label_of(suffix)) == (2, "suffix", "lcsb:2:suffix")
     assert not recipe_for_label("full-backprop", recipe).activation_checkpointing
     labels = ("lcsb:3:exact", "lcsb:12", "full-backprop", "lcsb:2@lora.rank=8")
     assert [blocks_of(label) for label in labels] == [3, 12, None, None]
 
 
-@pytest.mark.parametrize("label", ["lcsb", "lcsb:0", "lcsb:4:exactly", "lcsb:4:exact-1", "full-backprop+ckpt2", "sgd"])
+@pytest.mark.parametrize(
+    "label", ["lcsb", "lcsb:0", "lcsb:4:exactly", "lcsb:4:exact-1", "lcsb:4:suffix2", "full-backprop+ckpt2", "sgd"]
+)
 def test_a_label_no_method_has_is_refused(label):
     from lcsb_cli.methods import recipe_for_label
 
@@ -87,6 +91,6 @@ def test_an_unknown_compare_label_lists_every_form():
         method_names(load_recipe(LAMP2), ["lcsb:4:exactly"])
     assert str(refused.value) == (
         "--compare: unknown method 'lcsb:4:exactly'; choose from lcsb:K, lcsb:K:exact, lcsb:K:exactW, "
-        "full-backprop, full-backprop+ckpt, freeze, lisa, mezo, hf-trainer, hf-trainer:bf16, "
+        "lcsb:K:suffix, full-backprop, full-backprop+ckpt, freeze, lisa, mezo, hf-trainer, hf-trainer:bf16, "
         "each optionally with @KEY=VALUE[,KEY=VALUE]"
     )

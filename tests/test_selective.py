@@ -4,7 +4,16 @@ import pytest
 import torch
 from torch import nn
 
-from lcsb_cli.selective import BlockSchedule, IdleMomentum, SelectiveLayers, partition, surrogate_agreement
+from lcsb_cli.selective import (
+    BlockSchedule,
+    IdleMomentum,
+    SelectiveLayers,
+    forget_moments,
+    gradient_shares,
+    partition,
+    rate_scales,
+    surrogate_agreement,
+)
 
 
 class ToyLayer(nn.Module):
@@ -65,10 +74,83 @@ def test_random_schedule_visits_every_block_each_cycle_and_resumes_exactly():
     assert [resumed.next_block() for _ in range(9)] == rest
 
 
+@pytest.mark.parametrize("kind", ["cyclic", "random", "adaptive"])
+def test_a_block_stays_for_switch_every_steps_and_resumes_mid_turn(kind):
+    plain, held = BlockSchedule(4, kind, seed=5), BlockSchedule(4, kind, seed=5, switch_every=3)
+    turns = [plain.next_block() for _ in range(6)]
+    steps = [held.next_block() for _ in range(10)]
+    assert steps == [block for block in turns for _ in range(3)][:10]
+    saved = held.state_dict()
+    rest = [held.next_block() for _ in range(8)]
+    resumed = BlockSchedule(4, kind, seed=99, switch_every=3)
+    resumed.load_state_dict(saved)
+    assert [resumed.next_block() for _ in range(8)] == rest
+
+
+def test_rate_scales_give_back_what_idle_steps_lose():
+    assert rate_scales(gradient_shares(4, "exact"), "sqrt_k") == [2.0] * 4
+    assert rate_scales(gradient_shares(4, "identity"), "k") == [4.0] * 4
+    assert rate_scales(gradient_shares(4, "suffix"), "k") == [4.0, 2.0, 4 / 3, 1.0]
+    assert rate_scales(gradient_shares(3, "suffix"), "none") == [1.0] * 3
+
+
+def test_sqrt_k_rate_moves_an_idle_cycled_parameter_as_far_as_full_backprop():
+    """A steady gradient on 1 step in 4 with idle momentum: over 200 steps the parameter travels 1/2 as far as one
+    that gets the gradient every step, and as far once its rate is doubled (within 5%)."""
+
+    def travel(every: int, lr: float) -> float:
+        p = nn.Parameter(torch.zeros(1))
+        optimizer = torch.optim.AdamW([p], lr=lr, weight_decay=0.0)
+        idle = IdleMomentum(optimizer, [[p], []])
+        for step in range(200):
+            if step % every == 0:
+                p.grad = torch.ones(1)
+            idle.before_step(0 if step % every == 0 else 1)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+        return -float(p.detach())
+
+    full = travel(1, 1e-3)
+    assert travel(4, 1e-3) / full == pytest.approx(0.5, rel=0.05)
+    assert travel(4, 1e-3 * rate_scales(gradient_shares(4, "exact"), "sqrt_k")[0]) / full == pytest.approx(
+        1.0, rel=0.05
+    )
+
+
+def test_forgotten_moments_restart_adamw_for_that_block_only():
+    a, b = nn.Parameter(torch.zeros(2)), nn.Parameter(torch.zeros(2))
+    optimizer = torch.optim.AdamW([a, b], lr=0.1)
+    for _ in range(2):
+        a.grad, b.grad = torch.ones(2), torch.ones(2)
+        optimizer.step()
+    forget_moments(optimizer, [a])
+    assert a not in optimizer.state and int(optimizer.state[b]["step"]) == 2
+
+
+def test_suffix_path_trains_every_layer_from_the_active_block_up_with_true_gradients():
+    layers = make_stack()
+    trainable = [p for p in layers.parameters() if p.requires_grad]
+    run(layers, X).backward()
+    reference = grads(trainable)
+    layers.zero_grad(set_to_none=True)
+    blocks = partition(6, 3)
+    selective = SelectiveLayers(layers, blocks, "suffix")
+    for block in range(3):
+        selective.activate(block)
+        run(layers, X).backward()
+        trained = {id(p) for b in range(block, 3) for p in selective.block_parameters(b)}
+        for p, ref in zip(trainable, reference):
+            if id(p) in trained:
+                torch.testing.assert_close(p.grad, ref, rtol=1e-6, atol=1e-7)
+            else:
+                assert p.grad is None
+        layers.zero_grad(set_to_none=True)
+
+
 def test_forward_value_is_the_same_whatever_block_or_path():
     layers = make_stack()
     reference = run(layers, X)
-    for upper in ("identity", "exact"):
+    for upper in ("identity", "exact", "suffix"):
         selective = SelectiveLayers(layers, partition(6, 3), upper)
         for block in range(3):
             selective.activate(block)

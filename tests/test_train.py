@@ -126,9 +126,17 @@ def test_summary_and_per_user_totals_from_hand_made_rows():
     assert pooled["events"] == {"rollback": 3, "throttled": 1}
 
 
-@pytest.mark.parametrize("path", ["lcsb.upper_path=identity", "lcsb.exact_above=2"])
+@pytest.mark.parametrize(
+    "path",
+    [
+        ("lcsb.upper_path=identity",),
+        ("lcsb.exact_above=2",),
+        ("lcsb.upper_path=suffix",),
+        ("lcsb.lr_scale=sqrt_k", "lcsb.switch_every=3", "lcsb.on_return=reset"),
+    ],
+)
 def test_k1_reproduces_full_backprop_bit_for_bit(tmp_path, path):
-    lcsb = run_train(tmp_path / "k1", "train.max_steps=4", "lcsb.blocks=1", path)
+    lcsb = run_train(tmp_path / "k1", "train.max_steps=4", "lcsb.blocks=1", *path)
     full = run_train(tmp_path / "full", "train.max_steps=4", "method=full-backprop")
     losses = [[r["loss"] for r in read_metrics(tmp_path / name / "metrics.jsonl")] for name in ("k1", "full")]
     assert losses[0] == losses[1]

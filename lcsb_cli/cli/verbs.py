@@ -193,7 +193,7 @@ def bench(
             "--compare",
             help="A method to set against the recipe's: full-backprop, full-backprop+ckpt, freeze, lisa, mezo, "
             "hf-trainer, hf-trainer:bf16, lcsb:K, lcsb:K:exact (upper_path exact), "
-            "lcsb:K:exactW (lcsb.exact_above W). Repeatable.",
+            "lcsb:K:exactW (lcsb.exact_above W), lcsb:K:suffix. Repeatable.",
         ),
     ] = [],  # noqa: B006
     steps: Annotated[int, typer.Option("--steps", min=1, help="Timed steps per method.")] = 8,

@@ -62,7 +62,8 @@ class Trainer:
         active = self.method.begin_step()
         micro = [self._to_device(self.batches.batch(step * self.grad_accum + i)) for i in range(self.grad_accum)]
         n_targets = max(self.world.total(sum(target_tokens(b) for b in micro)), 1)
-        lr = self.lr_scheduler.get_last_lr()[0]
+        # the schedule's rate: a group's own factor (lcsb.lr_scale) is not part of it
+        lr = self.lr_scheduler.get_last_lr()[0] / self.optimizer.param_groups[0].get("lr_scale", 1.0)
         if self.method.zeroth_order:
             loss, grad_norm, problem, timing = self._zeroth_order_update(micro, n_targets, lr)
         else:

@@ -5,17 +5,20 @@ The recipe's choices import without torch; the engine's names load their modules
 
 import importlib
 
-from .choices import IDLE_UPDATES, SCHEDULES, UPPER_PATHS
+from .choices import IDLE_UPDATES, LR_SCALES, ON_RETURN, SCHEDULES, UPPER_PATHS
 
 _MODULE_OF = {
     "surrogate_agreement": "diagnose",
     "SelectiveLayers": "layers",
     "IdleMomentum": "optim",
+    "forget_moments": "optim",
+    "gradient_shares": "optim",
+    "rate_scales": "optim",
     "BlockSchedule": "schedule",
     "partition": "schedule",
 }
 
-__all__ = ["IDLE_UPDATES", "SCHEDULES", "UPPER_PATHS", *_MODULE_OF]
+__all__ = ["IDLE_UPDATES", "LR_SCALES", "ON_RETURN", "SCHEDULES", "UPPER_PATHS", *_MODULE_OF]
 
 
 def __getattr__(name: str):

@@ -17,7 +17,7 @@ class Role(enum.Enum):
     BELOW = "below"
     # full autograd (optionally recomputed in backward)
     ACTIVE = "active"
-    # above the active block, within its exact window: autograd, LoRA frozen
+    # above the active block, within its exact window: autograd, LoRA frozen (trained on the suffix path)
     EXACT = "exact"
     # above, beyond the window: straight-through residual, no graph
     IDENTITY = "identity"
@@ -47,7 +47,8 @@ class SelectiveLayers:
     required grad at install time. Below the active block and on the identity path layers run under no_grad, so
     only the active block can collect gradients. The `exact_above` layers just above the active block (all of them
     with `upper_path="exact"`) backpropagate exactly, and `activate` freezes their LoRA; beyond them the gradient
-    crosses on the identity path. exact_above=0 is the paper's surrogate.
+    crosses on the identity path. exact_above=0 is the paper's surrogate. `upper_path="suffix"` is the exact path
+    with the LoRA of every layer above the active block trained too: its backward passes through them anyway.
     """
 
     def __init__(
@@ -62,7 +63,8 @@ class SelectiveLayers:
             raise ValueError(f"unknown upper_path {upper_path!r}; choose one of {', '.join(UPPER_PATHS)}")
         self.layers, self.blocks = list(layers), list(blocks)
         self.checkpoint_active = checkpoint_active
-        self.exact_above = len(self.layers) if upper_path == "exact" else exact_above
+        self.exact_above = exact_above if upper_path == "identity" else len(self.layers)
+        self.trains_upper = upper_path == "suffix"
         self.trainable = [[p for p in layer.parameters() if p.requires_grad] for layer in self.layers]
         self.roles = [Role.ACTIVE] * len(self.layers)
         self._originals = [layer.forward for layer in self.layers]
@@ -78,8 +80,9 @@ class SelectiveLayers:
         for index in range(len(self.layers)):
             self.roles[index] = role = self._role(index, active)
             if self.exact_above:
+                trains = role is Role.ACTIVE or (self.trains_upper and role is Role.EXACT)
                 for p in self.trainable[index]:
-                    p.requires_grad_(role is Role.ACTIVE)
+                    p.requires_grad_(trains)
 
     def _role(self, index: int, active: range) -> Role:
         if index in active:

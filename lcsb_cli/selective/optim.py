@@ -47,3 +47,32 @@ def _shared_zeros(params) -> dict[tuple, torch.Tensor]:
         key = (p.dtype, p.device)
         sizes[key] = max(sizes.get(key, 0), p.numel())
     return {(dtype, device): torch.zeros(n, dtype=dtype, device=device) for (dtype, device), n in sizes.items()}
+
+
+def gradient_shares(num_blocks: int, upper_path: str) -> list[float]:
+    """The share of steps on which each block gets a gradient when the schedule visits every block equally: 1/K,
+    or (b+1)/K on the suffix path, where block b also trains whenever a block below it is the active one."""
+    if upper_path == "suffix":
+        return [(block + 1) / num_blocks for block in range(num_blocks)]
+    return [1 / num_blocks] * num_blocks
+
+
+def rate_scales(shares: Sequence[float], lr_scale: str) -> list[float]:
+    """Per-block learning-rate factors for `lcsb.lr_scale`.
+
+    For a steady gradient g that arrives on a share f of the steps, AdamW's moments average m ~ f g and
+    v ~ f g^2, so with idle momentum the parameter moves about sqrt(f) as far per step as under full backprop
+    (`sqrt_k` gives back 1/sqrt(f)); with `idle_update: none` it moves only on its own steps, f as far (`k` gives
+    back 1/f). `none` keeps the recipe's rate.
+    """
+    if lr_scale == "none":
+        return [1.0] * len(shares)
+    power = 0.5 if lr_scale == "sqrt_k" else 1.0
+    return [(1 / share) ** power for share in shares]
+
+
+def forget_moments(optimizer: torch.optim.Optimizer, params: Sequence[nn.Parameter]) -> None:
+    """`lcsb.on_return: reset`: a block that comes back starts AdamW afresh (BAdam's choice), its moments and
+    step count gone, so its first step is bias-corrected from zero."""
+    for p in params:
+        optimizer.state.pop(p, None)
