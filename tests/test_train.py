@@ -244,3 +244,11 @@ def test_report_to_tensorboard_writes_every_metrics_row_that_reads_back(tmp_path
     assert "train/lr" in board.Tags()["scalars"]
     with pytest.raises(BadInput, match="train.report_to: 'wandb' is not a known tracker"):
         load_recipe(LAMP2, ["train.report_to=[wandb]"])
+
+
+@pytest.mark.parametrize("scheduler", ["constant", "linear", "cosine"])
+def test_every_scheduler_warms_up_linearly_from_zero(tmp_path, scheduler):
+    run_train(tmp_path, "train.max_steps=4", "train.warmup_steps=2", f"train.lr_scheduler={scheduler}")
+    rates = [row["lr"] for row in read_metrics(tmp_path / "metrics.jsonl")]
+    assert rates[:3] == [0.0, 5e-4, 1e-3]
+    assert scheduler != "constant" or rates[3] == 1e-3

@@ -147,8 +147,9 @@ def build_trainer(
     batches = build_train_batches(recipe, loaded.tokenizer, task, (world.rank, world.size))
     params = lora_parameters(loaded.model)
     method, optimizer = build_method(recipe, loaded.model, loaded.layers, params)
+    # transformers' plain "constant" would skip the warmup the recipe asks for
     lr_scheduler = get_scheduler(
-        recipe.train.lr_scheduler,
+        {"constant": "constant_with_warmup"}.get(recipe.train.lr_scheduler, recipe.train.lr_scheduler),
         optimizer,
         num_warmup_steps=recipe.train.warmup_steps,
         num_training_steps=recipe.train.max_steps,
