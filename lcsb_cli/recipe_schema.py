@@ -150,6 +150,9 @@ class TrainConfig:
     log_every: int = key(1, "a metrics.jsonl row every N steps", min=1)
     save_every: int = key(50, "a checkpoint every N steps; 0: only at the end", min=0)
     eval_every: int = key(0, "held-out metrics (eval_loss, eval_accuracy, ...) every N steps; 0: never", min=0)
+    eval_metrics: Literal["all", "loss"] = key(
+        "all", "eval_every rows: all the task's metrics | loss only (no scoring or decoding; the last row has all)"
+    )
     autocast: Literal["none", "bf16"] = key("none", "none | bf16 (frozen products in bf16, LoRA and optimizer in fp32)")
     threads: int = key(0, "torch intra-op threads; 0 keeps torch's default", min=0)
     optimizer: Literal["adamw", "adamw8bit"] = key(

@@ -252,3 +252,16 @@ def test_every_scheduler_warms_up_linearly_from_zero(tmp_path, scheduler):
     rates = [row["lr"] for row in read_metrics(tmp_path / "metrics.jsonl")]
     assert rates[:3] == [0.0, 5e-4, 1e-3]
     assert scheduler != "constant" or rates[3] == 1e-3
+
+
+def test_loss_only_eval_rows_keep_the_full_metrics_for_the_last_row(tmp_path):
+    both = {}
+    for kind in ("all", "loss"):
+        run_train(tmp_path / kind, "train.max_steps=4", "train.eval_every=2", f"train.eval_metrics={kind}")
+        both[kind] = [r for r in read_metrics(tmp_path / kind / "metrics.jsonl") if "eval_loss" in r]
+    assert [r["step"] for r in both["loss"]] == [2, 4]
+    assert "eval_accuracy" not in both["loss"][0] and "eval_accuracy" in both["loss"][1]
+    assert (
+        both["loss"]
+        == [{k: v for k, v in r.items() if k in both["loss"][0]} for r in both["all"][:1]] + both["all"][1:]
+    )

@@ -32,15 +32,23 @@ def silent(what: str, n: int):
 
 
 def evaluate_items(
-    model, tokenizer, items: Sequence, recipe: Recipe, labels: Sequence[str] | None = None, phase=silent
+    model,
+    tokenizer,
+    items: Sequence,
+    recipe: Recipe,
+    labels: Sequence[str] | None = None,
+    phase=silent,
+    loss_only: bool = False,
 ):
     """(predictions or None, metrics) of held-out items: LaMP questions or token rows of `recipe`'s format.
     `phase(what, n)` is a context manager around each pass that yields `advance(k)`, told as each k items are done
-    (the CLI's progress display)."""
+    (the CLI's progress display). `loss_only`: loss and perplexity, no predictions."""
     rows = token_rows(recipe, tokenizer, list(items))
     with phase("held-out loss", len(rows)) as advance:
         metrics = held_out_loss(model, rows, tokenizer.pad_token_id, recipe.eval.batch_size, advance)
     fmt = format_of(recipe)
+    if loss_only:
+        return None, {"n": len(rows), **metrics}
     if fmt.labelled:
         with phase(f"{recipe.eval.mode} mode", len(items)) as advance:
             preds = predict(model, tokenizer, items, recipe, advance)

@@ -119,10 +119,15 @@ class Run:
     def wall_time_s(self) -> float:
         return self.wall_before + time.perf_counter() - self.started
 
-    def held_out_metrics(self) -> dict:
+    def held_out_metrics(self, loss_only: bool = False) -> dict:
         """The held-out metrics (summary_row); the model goes back to training mode."""
         _, metrics = evaluate_items(
-            self.loaded.model, self.loaded.tokenizer, self.task.held_out, self.recipe, self.task.labels
+            self.loaded.model,
+            self.loaded.tokenizer,
+            self.task.held_out,
+            self.recipe,
+            self.task.labels,
+            loss_only=loss_only,
         )
         self.loaded.model.train()
         return summary_row(metrics)
@@ -239,8 +244,9 @@ class PeriodicEval(Hook):
 
     def after_step(self, run: Run, row: dict) -> None:
         every, done = run.recipe.train.eval_every, run.done
-        if every and not run.diverged and (done % every == 0 or done == run.recipe.train.max_steps):
-            metrics = run.held_out_metrics()
+        last = done == run.recipe.train.max_steps
+        if every and not run.diverged and (done % every == 0 or last):
+            metrics = run.held_out_metrics(loss_only=run.recipe.train.eval_metrics == "loss" and not last)
             row = {"step": done, **{name: metrics[key] for key, name in self.NAMES.items() if key in metrics}}
             run.log.write(row)
             run.reporter.on_step(row)
