@@ -261,7 +261,6 @@ def test_loss_only_eval_rows_keep_the_full_metrics_for_the_last_row(tmp_path):
         both[kind] = [r for r in read_metrics(tmp_path / kind / "metrics.jsonl") if "eval_loss" in r]
     assert [r["step"] for r in both["loss"]] == [2, 4]
     assert "eval_accuracy" not in both["loss"][0] and "eval_accuracy" in both["loss"][1]
-    assert (
-        both["loss"]
-        == [{k: v for k, v in r.items() if k in both["loss"][0]} for r in both["all"][:1]] + both["all"][1:]
-    )
+    loss_row, all_row = both["loss"][0], both["all"][0]
+    assert loss_row == {key: all_row[key] for key in loss_row}
+    assert both["loss"][1] == both["all"][1]
