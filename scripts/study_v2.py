@@ -1,0 +1,237 @@
+"""The LCSB study, version 2 (docs/RESULTS.md): every method at a grid of constant rates for a few epochs, held-out
+loss along each run, the rate chosen on a validation split carved from the training data.
+
+    python scripts/study_v2.py run OUT --task lamp2 [--rates 3e-4 1e-3 3e-3] [--methods NAME ...] [--epochs 3]
+        [--train-size 120] [--seed 0] [--base fp32|nf4|gguf]
+    python scripts/study_v2.py report OUT [--times BENCH_JSON]      # OUT/report.md and OUT/TASK-BASE-time.png
+
+`run` skips runs that already finished, so an interrupted study continues. Every number comes from `lcsb train` and
+`lcsb eval`. `--times` takes step times from one interleaved `lcsb bench` (its methods' labels as below) instead of
+each run's own, which a busy machine distorts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+RECIPES = {task: REPO / "recipes" / "study" / f"{task}.yaml" for task in ("lamp2", "qa", "text")}
+DATA = REPO / "recipes" / "data"
+BASES = {"fp32": [], "nf4": ["quantization=nf4"], "gguf": ["quantization=gguf"]}
+EXACT = ["method=lcsb", "lcsb.blocks=4", "lcsb.upper_path=exact"]
+# name (a bench label where one exists) -> recipe overrides
+METHODS = {
+    "full-backprop": ["method=full-backprop"],
+    "lcsb:4": ["method=lcsb", "lcsb.blocks=4", "lcsb.upper_path=identity"],
+    "lcsb:4:exact": EXACT,
+    "lcsb:4:suffix": ["method=lcsb", "lcsb.blocks=4", "lcsb.upper_path=suffix"],
+    "lcsb:4:exact@lcsb.lr_scale=sqrt_k": [*EXACT, "lcsb.lr_scale=sqrt_k"],
+    "lcsb:4:exact@lcsb.switch_every=4": [*EXACT, "lcsb.switch_every=4"],
+    "lcsb:4:exact@lcsb.switch_every=4,lcsb.on_return=reset": [*EXACT, "lcsb.switch_every=4", "lcsb.on_return=reset"],
+    "freeze": ["method=freeze", "freeze.layers=8"],
+    "lisa": ["method=lisa", "lisa.layers=8", "lisa.interval=4"],
+}
+
+
+def split_data(task: str, out: Path, train_size: int) -> tuple[dict[str, list[str]], int]:
+    """Every 5th training example goes to the validation split, the next `train_size` others train; the task's
+    own held-out set stays as the recipe names it. -> ({"train": overrides, "val": overrides}, training rows),
+    where plain text counts its 256-token rows at about 4 characters a token."""
+    out.mkdir(parents=True, exist_ok=True)
+    if task == "lamp2":
+        questions = json.loads((DATA / "lamp2" / "train_questions.json").read_text())
+        golds = {g["id"]: g for g in json.loads((DATA / "lamp2" / "train_outputs.json").read_text())["golds"]}
+        parts = {"val": questions[::5], "train": [q for i, q in enumerate(questions) if i % 5][:train_size]}
+        overrides = {}
+        for name, items in parts.items():
+            (out / f"{name}_questions.json").write_text(json.dumps(items))
+            labels = {"task": "LaMP_2", "golds": [golds[q["id"]] for q in items]}
+            (out / f"{name}_outputs.json").write_text(json.dumps(labels))
+            key = "train" if name == "train" else "eval"
+            files = (out / f"{name}_questions.json", out / f"{name}_outputs.json")
+            overrides[name] = [f"data.{key}={files[0]}", f"data.{key}_labels={files[1]}"]
+        return overrides, len(parts["train"])
+    source = DATA / ("qa/train.jsonl" if task == "qa" else "text/train.txt")
+    lines = [line for line in source.read_text().splitlines() if line.strip()]
+    parts = {"val": lines[::5], "train": [line for i, line in enumerate(lines) if i % 5][:train_size]}
+    for name, items in parts.items():
+        (out / f"{name}{source.suffix}").write_text("\n".join(items) + "\n")
+    rows = len(parts["train"]) if task == "qa" else sum(map(len, parts["train"])) // (4 * 256)
+    overrides = {
+        name: [f"data.{key}={out / f'{name}{source.suffix}'}"] for name, key in (("train", "train"), ("val", "eval"))
+    }
+    return overrides, rows
+
+
+def run_dir_name(method: str) -> str:
+    return method.replace(":", "_").replace("@", "+").replace(",", "+")
+
+
+def lcsb(*args: str) -> int:
+    """Exit code 3 (diverged, divergence.action=stop) is a result, any other failure stops the study."""
+    code = subprocess.run([sys.executable, "-m", "lcsb_cli", *args], cwd=REPO, stdout=subprocess.DEVNULL).returncode
+    if code not in (0, 3):
+        raise SystemExit(f"lcsb {' '.join(args)} exited {code}")
+    return code
+
+
+def run_grid(args) -> None:
+    out = Path(args.out) / f"{args.task}-{args.base}"
+    data, examples = split_data(args.task, out / "data", args.train_size)
+    batch = 8 if args.task != "text" else 2
+    steps = args.epochs * examples // batch
+    every = max(1, steps // 9)
+    print(f"{args.task}/{args.base}: {examples} training examples, {steps} steps of {batch}, held-out every {every}")
+    for name in args.methods:
+        for rate in args.rates:
+            run = out / run_dir_name(name) / f"lr-{rate}"
+            if (run / "val" / "eval.json").is_file():
+                continue
+            common = [*BASES[args.base], f"train.seed={args.seed}", f"train.batch_size={batch}"]
+            diverged = lcsb(
+                "train",
+                str(RECIPES[args.task]),
+                "--output",
+                str(run),
+                "--force",
+                *common,
+                *METHODS[name],
+                *data["train"],
+                f"train.max_steps={steps}",
+                f"train.lr={rate}",
+                "train.lr_scheduler=constant",
+                "train.warmup_steps=3",
+                f"train.eval_every={every}",
+                "train.eval_metrics=loss",
+                "train.save_every=0",
+                "divergence.action=stop",
+            )
+            if diverged == 3:
+                (run / "val").mkdir(exist_ok=True)
+                (run / "val" / "eval.json").write_text(json.dumps({"loss": float("inf")}))
+            else:
+                lcsb("eval", str(run), "--output", str(run / "val"), *data["val"])
+            print(f"  {name} lr {rate}: done", flush=True)
+
+
+def read_run(run: Path) -> dict:
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    held = [(r["step"], r["eval_loss"]) for r in rows if "eval_loss" in r]
+    steps = [r for r in rows if "step_time_s" in r]
+    last_eval = [r for r in rows if "eval_loss" in r][-1]
+    summary = json.loads((run / "summary.json").read_text())
+    return {
+        "curve": held,
+        "final": held[-1][1],
+        "best": min(loss for _, loss in held),
+        "val": json.loads((run / "val" / "eval.json").read_text())["loss"],
+        "step_time_s": statistics.median(r["step_time_s"] for r in steps),
+        "peak_mem_mb": summary["peak_mem_mb"],
+        "diverged": summary["diverged"],
+        "accuracy": last_eval.get("eval_accuracy"),
+    }
+
+
+def loss_at(curve: list[tuple[float, float]], t: float) -> float:
+    """The held-out loss at time t, linear between evaluations (the last one beyond the curve)."""
+    for (t0, l0), (t1, l1) in itertools.pairwise(curve):
+        if t0 <= t <= t1:
+            return l0 + (l1 - l0) * (t - t0) / (t1 - t0)
+    return curve[-1][1]
+
+
+def time_to(curve: list[tuple[float, float]], target: float) -> float | None:
+    return next((t for t, loss in curve if loss <= target), None)
+
+
+def report(args) -> None:
+    out = Path(args.out)
+    times = {}
+    if args.times:
+        bench = json.loads(Path(args.times).read_text())
+        times = {m["name"]: m["median_step_time_s"] for m in bench["methods"]}
+    lines = []
+    for study in sorted(p for p in out.iterdir() if (p / "data").is_dir()):
+        best = {}
+        for name in METHODS:
+            done = [p for p in (study / run_dir_name(name)).glob("lr-*") if (p / "val" / "eval.json").is_file()]
+            runs = {float(p.name[3:]): read_run(p) for p in done}
+            if runs:
+                rate = min(runs, key=lambda r: runs[r]["val"])
+                best[name] = {"rate": rate, "grid": runs, **runs[rate]}
+                step_time = times.get(name, best[name]["step_time_s"])
+                best[name]["timed"] = [(step * step_time, loss) for step, loss in best[name]["curve"]]
+        lines += study_table(study.name, best)
+        plot(study, best)
+    (out / "report.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+def study_table(title: str, best: dict) -> list[str]:
+    full = best.get("full-backprop")
+    lines = [
+        f"### {title}",
+        "",
+        "| method | rates (val loss) | chosen | held-out best | held-out final | vs full (final) | "
+        "accuracy | s/step | time to full x1.02 | at equal time: full | peak MiB |",
+        "|" + " --- |" * 11,
+    ]
+    for name, r in best.items():
+        grid = ", ".join(
+            f"{rate:g}: {run['val']:.3f}{' div' if run['diverged'] else ''}" for rate, run in sorted(r["grid"].items())
+        )
+        versus = f"{100 * (r['final'] / full['final'] - 1):+.1f}%" if full else ""
+        target = full["final"] * 1.02 if full else None
+        reach = time_to(r["timed"], target) if target else None
+        equal_time = f"{loss_at(full['timed'], r['timed'][-1][0]):.3f}" if full else ""
+        accuracy = "" if r["accuracy"] is None else f"{r['accuracy']:.3f}"
+        reached = "-" if reach is None else f"{reach:.0f} s"
+        step_time = r["timed"][-1][0] / r["curve"][-1][0]
+        cells = [name, grid, f"{r['rate']:g}", f"{r['best']:.3f}", f"{r['final']:.3f}", versus, accuracy]
+        cells += [f"{step_time:.2f}", reached, equal_time, f"{r['peak_mem_mb']:.0f}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return [*lines, ""]
+
+
+def plot(study: Path, best: dict) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for name, r in best.items():
+        ax.plot(*zip(*r["timed"]), marker="o", markersize=3, label=f"{name} (lr {r['rate']:g})")
+    ax.set(xlabel="training seconds (median step time x steps)", ylabel="held-out loss", title=study.name)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(study.parent / f"{study.name}-time.png", dpi=110)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    verbs = parser.add_subparsers(dest="verb", required=True)
+    run = verbs.add_parser("run")
+    run.add_argument("out")
+    run.add_argument("--task", choices=sorted(RECIPES), required=True)
+    run.add_argument("--base", choices=sorted(BASES), default="fp32")
+    run.add_argument("--methods", nargs="+", choices=list(METHODS), default=list(METHODS))
+    run.add_argument("--rates", nargs="+", default=["3e-4", "1e-3", "3e-3"])
+    run.add_argument("--epochs", type=int, default=3)
+    run.add_argument("--train-size", type=int, default=120)
+    run.add_argument("--seed", type=int, default=0)
+    show = verbs.add_parser("report")
+    show.add_argument("out")
+    show.add_argument("--times")
+    args = parser.parse_args()
+    run_grid(args) if args.verb == "run" else report(args)
+
+
+if __name__ == "__main__":
+    main()
