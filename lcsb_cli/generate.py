@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -36,28 +37,44 @@ def generate_ids(
     if not all(prompts):
         raise BadInput("a prompt is empty: give at least one token of text")
     stops = stop_ids(model, tokenizer)
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    pad_id = pad_token_id(tokenizer)
     device = next(model.parameters()).device
     ids, mask = left_padded(prompts, pad_id)
-    sampling = {"do_sample": True, "temperature": temperature} if temperature > 0 else {"do_sample": False}
-    if stop:
-        sampling.update(stop_strings=list(stop), tokenizer=tokenizer)
-    forked = [device] if device.type == "cuda" else []
-    with inference_mode(model), torch.random.fork_rng(devices=forked):
-        torch.manual_seed(seed)
+    with seeded_inference(model, seed):
         out = model.generate(
             input_ids=ids.to(device),
             attention_mask=mask.to(device),
             max_new_tokens=max_new_tokens,
-            use_cache=True,
-            eos_token_id=stops or None,
-            pad_token_id=pad_id,
             streamer=streamer,
-            **sampling,
+            **decoding_kwargs(model, tokenizer, temperature, stop),
         )
     # a row that a stop string ended is padded from there on
     ends = [*stops, pad_id] if stop else stops
-    return [_until_stop(row, ends) for row in out[:, ids.shape[1] :].tolist()]
+    return [until_stop(row, ends) for row in out[:, ids.shape[1] :].tolist()]
+
+
+def pad_token_id(tokenizer) -> int:
+    return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+
+
+def decoding_kwargs(model, tokenizer, temperature: float, stop: Sequence[str]) -> dict:
+    """model.generate's arguments for how to decode: greedy at temperature 0, else sampled; the stop ids (eos), the
+    pad id and the stop strings."""
+    sampling = {"do_sample": True, "temperature": temperature} if temperature > 0 else {"do_sample": False}
+    if stop:
+        sampling.update(stop_strings=list(stop), tokenizer=tokenizer)
+    stops = stop_ids(model, tokenizer)
+    return {"use_cache": True, "eos_token_id": stops or None, "pad_token_id": pad_token_id(tokenizer), **sampling}
+
+
+@contextlib.contextmanager
+def seeded_inference(model, seed: int):
+    """inference_mode, with the RNG forked and seeded (the caller's random state is untouched)."""
+    device = next(model.parameters()).device
+    forked = [device] if device.type == "cuda" else []
+    with inference_mode(model), torch.random.fork_rng(devices=forked):
+        torch.manual_seed(seed)
+        yield
 
 
 def generate_texts(
@@ -122,7 +139,7 @@ def left_padded(prompts: list[list[int]], pad_id: int) -> tuple[torch.Tensor, to
     return ids, mask
 
 
-def _until_stop(tokens: list[int], stops: list[int]) -> list[int]:
+def until_stop(tokens: list[int], stops: list[int]) -> list[int]:
     cut = next((i for i, token in enumerate(tokens) if token in stops), len(tokens))
     return tokens[:cut]
 
@@ -200,12 +217,7 @@ def run_generate(
     recipe: Recipe, adapter: Path | None, inputs: list[str | list[dict]], chat: bool, sampling: Sampling
 ) -> list[str]:
     """Load the model once, then stream each input's generation to stdout, one prompt at a time; the texts."""
-    from .backends import get_backend
-    from .model.load import load_model
-
-    backend = get_backend(recipe.backend, recipe.npu_sim)
-    loaded = load_model(recipe, backend.device, adapter)
-    backend.prepare(loaded)
+    loaded = load_for_decoding(recipe, adapter)
     prompts = [prompt_ids(loaded.tokenizer, item, chat) for item in inputs]
     texts = []
     for prompt in prompts:
@@ -221,3 +233,14 @@ def run_generate(
             sampling.stop,
         )
     return texts
+
+
+def load_for_decoding(recipe: Recipe, adapter: Path | None):
+    """The recipe's model (with `adapter`'s LoRA weights) on its backend, ready to decode."""
+    from .backends import get_backend
+    from .model.load import load_model
+
+    backend = get_backend(recipe.backend, recipe.npu_sim)
+    loaded = load_model(recipe, backend.device, adapter)
+    backend.prepare(loaded)
+    return loaded

@@ -26,7 +26,7 @@ LAYERS = [
         "run.rundir",
         "run.summary",
     },
-    {"run", "evaluate", "bench", "generate"},
+    {"run", "evaluate", "bench", "generate", "chat"},
     {"cli", "__main__"},
 ]
 

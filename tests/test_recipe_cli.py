@@ -225,7 +225,7 @@ def test_version_and_short_help_with_examples_and_flags_shown_as_flags():
 
     proc = lcsb("--version")
     assert (proc.returncode, proc.stdout) == (0, f"lcsb {version('lcsb')}\n")
-    for verb in ("train", "eval", "generate", "validate", "bench", "export", "recipes"):
+    for verb in ("train", "eval", "generate", "chat", "validate", "bench", "export", "recipes"):
         proc = lcsb(verb, "-h")
         assert proc.returncode == 0 and "Example" in proc.stdout, verb
         assert verb in ("validate", "export", "recipes") or "lcsb validate RECIPE" in " ".join(proc.stdout.split())

@@ -167,6 +167,55 @@ def generate(
 
 @app.command()
 @handled
+def chat(
+    target: Annotated[
+        str,
+        typer.Argument(
+            help="A run dir (its adapter/), a model dir (e.g. `lcsb export RUN --merge`), a built-in preset or "
+            ".gguf file (with --adapter), or a recipe."
+        ),
+    ],
+    overrides: Overrides = None,
+    *,
+    adapter: Annotated[Path | None, typer.Option("--adapter", help="A PEFT adapter dir to chat with.")] = None,
+    user: Annotated[str | None, typer.Option("--user", help="For a per-user run: whose adapter.")] = None,
+    max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", min=1, help="New tokens per reply at most.")] = 256,
+    temperature: Annotated[
+        float, typer.Option("--temperature", min=0.0, help="0: greedy; above 0: sampling at this temperature.")
+    ] = 0.0,
+    seed: Annotated[int, typer.Option("--seed", help="The sampling seed (turn n samples with SEED+n).")] = 0,
+    stop: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--stop", metavar="TEXT", help="Also end a reply before this text (\\\\n: a newline; repeatable)."
+        ),
+    ] = None,
+    transcript: Annotated[
+        Path | None,
+        typer.Option("--transcript", help="Append one JSON line per turn: the prompt the model saw, its reply."),
+    ] = None,
+) -> None:
+    """Talk with a model or an adapter: a multi-turn REPL over one KV cache, replies streamed as they come.
+
+    Each turn feeds the model only the tokens its cache does not hold yet (the new user turn and the template's
+    glue). The base's chat template is used, or lcsb's plain chat layout when it has none. Commands: `/reset`
+    clears the conversation, `/system TEXT` sets the system message (and starts over), `/exit` or Ctrl-D leaves;
+    Ctrl-C stops the reply in progress. Without a TTY, each stdin line is one user turn and stdout holds the
+    replies, one per turn.
+
+    Examples: `lcsb chat runs/chat-smollm2` · `lcsb chat runs/lamp2-smollm2 --user u1` ·
+    `lcsb chat smollm2-135m --adapter runs/chat/adapter --temperature 0.7` ·
+    `printf 'Hi\\nMore\\n' | lcsb chat merged/`."""
+    from ..chat import chat_target, run_chat
+    from ..generate import Sampling
+
+    recipe, adapter = chat_target(target, overrides or [], adapter, user)
+    stops = tuple(s.replace("\\n", "\n") for s in stop or [])
+    run_chat(recipe, adapter, Sampling(max_new_tokens, temperature, seed, stops), transcript)
+
+
+@app.command()
+@handled
 def validate(
     recipe: RecipeArg,
     overrides: Overrides = None,
