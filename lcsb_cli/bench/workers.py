@@ -54,6 +54,16 @@ def lcsb_worker(conn, recipe_dict: dict) -> None:
             return
 
 
+def _trainer_batch(rows: list[dict], pad_id: int) -> dict:
+    """What the Trainer hands the model: lcsb's batch as the engine feeds it (a packed one with its documents'
+    position ids, model_inputs), with the labels."""
+    from ..data.batching import collate
+    from ..model.losses import model_inputs
+
+    batch = collate(rows, pad_id)
+    return {**model_inputs(batch), "labels": batch["labels"]}
+
+
 def hf_trainer_worker(conn, recipe_dict: dict, bf16: bool, total: int) -> None:
     """A plain transformers.Trainer + peft LoRA on the same model and batches, in its default setup (fp32,
     or bf16=True); a callback lets the coordinator start each step and reads its time and loss."""
@@ -129,7 +139,7 @@ def hf_trainer_worker(conn, recipe_dict: dict, bf16: bool, total: int) -> None:
         args=args,
         train_dataset=dataset,
         callbacks=[Timed()],
-        data_collator=lambda rows: collate(rows, loaded.tokenizer.pad_token_id),
+        data_collator=functools.partial(_trainer_batch, pad_id=loaded.tokenizer.pad_token_id),
     )
     # its per-step log lines would interleave with the bench display
     trainer.remove_callback(PrinterCallback)

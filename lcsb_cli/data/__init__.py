@@ -8,6 +8,7 @@ from .batching import BatchStream
 from .formats import FORMATS, Format, format_of
 from .lamp2 import TAGS
 from .lamp2_task import user_profile_questions, user_tasks, users
+from .packing import pack_rows
 from .task import TaskData
 
 __all__ = [
@@ -38,6 +39,9 @@ def token_rows(recipe: Recipe, tokenizer, items: list) -> list[dict]:
 def build_train_batches(
     recipe: Recipe, tokenizer, task: TaskData | None = None, shard: tuple[int, int] = (0, 1)
 ) -> BatchStream:
+    """The run's micro-batches; with data.packing, of the training rows packed (data/packing.py)."""
     task = load_task(recipe, tokenizer) if task is None else task
     rows = token_rows(recipe, tokenizer, task.train)
+    if recipe.data.packing:
+        rows = pack_rows(rows, recipe.data.max_length)
     return BatchStream(rows, recipe.train.batch_size, recipe.train.seed, tokenizer.pad_token_id, shard)

@@ -12,17 +12,26 @@ _CACHED_EPOCHS = 4
 
 
 def collate(rows: list[dict], pad_id: int) -> dict[str, torch.Tensor]:
-    """Right-pad input_ids/labels to the longest row; attention_mask 1 on real tokens, labels -100 on pads."""
+    """Right-pad input_ids/labels to the longest row; attention_mask 1 on real tokens, labels -100 on pads.
+
+    Packed rows (data/packing.py) also give `position_ids`, restarting at 0 with each document; the pads of a row
+    count from 0 again, so they read as one more document, which no real token attends to."""
     width = max(len(row["input_ids"]) for row in rows)
     input_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
     attention_mask = torch.zeros((len(rows), width), dtype=torch.long)
     labels = torch.full((len(rows), width), -100, dtype=torch.long)
+    packed = "position_ids" in rows[0]
+    position_ids = torch.arange(width).repeat(len(rows), 1)
     for i, row in enumerate(rows):
         n = len(row["input_ids"])
         input_ids[i, :n] = torch.tensor(row["input_ids"], dtype=torch.long)
         attention_mask[i, :n] = 1
         labels[i, :n] = torch.tensor(row["labels"], dtype=torch.long)
-    return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
+        if packed:
+            position_ids[i, :n] = torch.tensor(row["position_ids"], dtype=torch.long)
+            position_ids[i, n:] = torch.arange(width - n)
+    batch = {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
+    return {**batch, "position_ids": position_ids} if packed else batch
 
 
 class BatchStream:

@@ -5,7 +5,8 @@ and the answer it is scored against.
 
 - text: `.txt` (documents separated by blank lines) or JSONL {"text"}; every token is a target. Documents end with
   EOS and are packed back to back into `max_length` windows (no attention mask between documents, as
-  transformers' run_clm packs).
+  transformers' run_clm packs); each window records its documents' pieces, so that `data.packing` can train on the
+  same tokens with the documents kept apart (data/packing.py).
 - completion: JSONL {"prompt", "completion"}; prompt and completion are tokenized separately and concatenated as
   written, so the mask boundary is exact; the completion ends with EOS.
 - chat: JSONL {"messages": [{"role", "content"}, ...]}, rendered by the tokenizer's own chat template. The
@@ -27,6 +28,8 @@ from .task import TaskData
 # data.eval_fraction draws the same held-out items on every run, whatever train.seed is
 SPLIT_SEED = 0
 _PROBLEM = "problem"
+# a text window: its tokens (every one a target) and its documents' pieces
+WINDOW_COLUMNS = ("id", "input_ids", "labels", "segments")
 
 
 @dataclass
@@ -237,13 +240,39 @@ def chat_prompt(tokenizer: Any, messages: list[dict]) -> list[int]:
 
 
 class _Packer:
-    """datasets.map function (batched, one batch): documents back to back, cut into max_length windows."""
+    """datasets.map function (batched, one batch): documents back to back, cut into max_length windows. Each window
+    keeps where its documents are: `segments` holds [document, offset in it, length] of each piece inside it, which
+    data.packing (data/packing.py) reads to rebuild the documents."""
 
     def __init__(self, max_length: int):
         self.max_length = max_length
+        # datasets' cache key hashes this instance's attributes but not its class's code: the columns it writes
+        # are here so that a cache written with other columns is not read back
+        self.columns = WINDOW_COLUMNS
 
     def __call__(self, batch: dict) -> dict:
         stream = [token for ids in batch["input_ids"] for token in ids]
         windows = [stream[i : i + self.max_length] for i in range(0, len(stream), self.max_length)]
-        windows = [w for w in windows if len(w) > 1]
-        return {"id": [f"window-{i}" for i in range(len(windows))], "input_ids": windows, "labels": windows}
+        segments = window_segments(map(len, batch["input_ids"]), self.max_length)
+        kept = [(w, s) for w, s in zip(windows, segments) if len(w) > 1]
+        ids = [w for w, _ in kept]
+        values = ([f"window-{i}" for i in range(len(kept))], ids, ids, [s for _, s in kept])
+        return dict(zip(self.columns, values, strict=True))
+
+
+def window_segments(lengths, max_length: int) -> list[list[list[int]]]:
+    """For documents of `lengths` back to back, cut into windows of max_length: per window, [document, offset in
+    it, length] of each document piece inside it."""
+    windows, current, room = [], [], max_length
+    for document, length in enumerate(lengths):
+        offset = 0
+        while offset < length:
+            take = min(room, length - offset)
+            current.append([document, offset, take])
+            offset, room = offset + take, room - take
+            if room == 0:
+                windows.append(current)
+                current, room = [], max_length
+    if current:
+        windows.append(current)
+    return windows

@@ -9,8 +9,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..errors import BadInput
+
 # the most one vocabulary slice may hold: its fp32 logits or its head rows
 CHUNK_BYTES = 4 * 2**20
+# attention implementations for which transformers builds a packed batch's block-diagonal mask
+PACKABLE_ATTENTION = ("sdpa", "eager", "flex_attention")
 
 
 def causal_lm_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor], probe=None) -> torch.Tensor:
@@ -19,19 +23,45 @@ def causal_lm_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor], probe
     The LM head runs only on the positions that predict a target: a LaMP prompt is long and its answer a few
     tokens, so full [batch x length x vocab] logits would be nearly all waste, forward and backward. Models that
     transform their logits (Gemma-2's soft-capping) take the plain full-logits path. `probe` (a
-    memory.MemoryProbe) measures the decoder's saved activations and the head's working set.
+    memory.MemoryProbe) measures the decoder's saved activations and the head's working set. A packed batch
+    (data.packing) is read through `model_inputs`.
     """
     causal_lm = model.get_base_model() if hasattr(model, "get_base_model") else model
+    if "position_ids" in batch:
+        check_packable(causal_lm.config)
     targets = batch["labels"][:, 1:]
     if getattr(causal_lm.config, "final_logit_softcapping", None):
-        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits[:, :-1]
+        logits = model(**model_inputs(batch)).logits[:, :-1]
         return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-100, reduction="sum")
     with probe.decoder() if probe else contextlib.nullcontext():
-        hidden = causal_lm.get_decoder()(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
+        hidden = causal_lm.get_decoder()(**model_inputs(batch))
     mask = targets != -100
     with probe.head() if probe else contextlib.nullcontext():
         return head_cross_entropy(
             causal_lm.get_output_embeddings(), hidden.last_hidden_state[:, :-1][mask], targets[mask]
+        )
+
+
+def model_inputs(batch: dict[str, torch.Tensor]) -> dict:
+    """The model's keyword arguments for a batch. A packed batch (data/packing.py: `position_ids` that restart with
+    each document) goes in with its position ids and no 2D mask: transformers' masking_utils then finds the documents
+    from the position ids and builds a block-diagonal causal mask (for the attention implementations it builds masks
+    for: sdpa, which lcsb loads, eager and flex; `check_packable` refuses others), so no token attends across a
+    document. It does so only without a cache, so `use_cache=False` (a config's default may be True). The pads at a
+    row's end count from 0 again: one more document, after every real token, so no real token sees them either."""
+    if "position_ids" in batch:
+        return {"input_ids": batch["input_ids"], "position_ids": batch["position_ids"], "use_cache": False}
+    return {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
+
+
+def check_packable(config) -> None:
+    """A packed batch needs transformers to build its block-diagonal mask from the position ids (`model_inputs`):
+    masking_utils does for these implementations; flash attention finds packed sequences only in a batch of one."""
+    implementation = config._attn_implementation
+    if implementation not in PACKABLE_ATTENTION:
+        raise BadInput(
+            f"data.packing: attention implementation {implementation!r} gets no block-diagonal mask from "
+            "transformers; packed documents would attend to each other"
         )
 
 
