@@ -113,6 +113,11 @@ class DataConfig:
     eval: str | None = key(None, "the held-out file")
     eval_labels: str | None = key(None, "LaMP-2: the *_outputs.json of data.eval", formats=("lamp2",))
     max_length: int = key(256, "tokens per example at most", min=16)
+    packing: bool = key(
+        False,
+        "concatenate examples into rows of max_length tokens; positions restart and attention stays inside each one",
+        formats=("text", "completion", "chat"),
+    )
     profile_k: int = key(
         0, "LaMP-2: prepend the k most relevant profile items (BM25) to each question", min=0, formats=("lamp2",)
     )
@@ -158,7 +163,18 @@ class TrainConfig:
     optimizer: Literal["adamw", "adamw8bit"] = key(
         "adamw", "adamw (torch, fp32 moments) | adamw8bit (bitsandbytes, block-wise 8-bit moments)"
     )
-    report_to: list[str] = key(None, "trackers fed the metrics.jsonl rows: [tensorboard]", factory=list)
+    report_to: list[str] = key(
+        None,
+        "trackers fed the metrics.jsonl rows (offline by default): tensorboard | wandb | mlflow | trackio",
+        factory=list,
+    )
+    keep_best: bool = key(
+        False, "with eval_every: adapter/ holds the adapter of the lowest held-out loss, adapter-last/ the last one"
+    )
+    early_stopping_patience: int = key(
+        0, "with eval_every: stop after N evaluations without an improvement of min_delta; 0: never", min=0
+    )
+    early_stopping_min_delta: float = key(0.0, "the held-out loss drop that counts as an improvement", min=0.0)
     check_initial_loss: bool = key(
         True,
         "stop a fresh run whose loss on its first batch (every token) is above "
