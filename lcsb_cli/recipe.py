@@ -21,6 +21,14 @@ DATA_FILES = {
 }
 
 
+# train.report_to: each tracker and the modules its extra installs (mlflow's SQLite store needs sqlalchemy, alembic)
+TRACKER_MODULES = {
+    "tensorboard": ("tensorboard",),
+    "wandb": ("wandb",),
+    "mlflow": ("mlflow", "sqlalchemy", "alembic"),
+    "trackio": ("trackio",),
+}
+
 CHOICES = {dotted: choices_of(hint) for dotted, _, hint in fields_of(Recipe) if choices_of(hint)}
 MINIMUMS = {dotted: f.metadata["min"] for dotted, f, _ in fields_of(Recipe) if f.metadata.get("min") is not None}
 
@@ -104,6 +112,7 @@ def validate(recipe: Recipe) -> None:
     _validate_npu(recipe)
     _validate_memory(recipe)
     _validate_trackers(recipe.train.report_to)
+    _validate_best(recipe.train)
     if not recipe.lora.targets:
         raise BadInput("lora.targets: name at least one module, e.g. [q_proj, v_proj]")
     if recipe.data.format in DATA_FILES:
@@ -159,15 +168,36 @@ def _validate_memory(recipe: Recipe) -> None:
 
 
 def _validate_trackers(trackers: list[str]) -> None:
+    """Each tracker named once, known, and installed (its extra: `pip install 'lcsb[NAME]'`)."""
     import importlib.util
 
     for tracker in trackers:
-        if tracker != "tensorboard":
-            raise BadInput(f"train.report_to: {tracker!r} is not a known tracker; choose from tensorboard")
-        if importlib.util.find_spec("tensorboard") is None:
+        if tracker not in TRACKER_MODULES:
             raise BadInput(
-                "train.report_to: tensorboard needs the tensorboard package: pip install 'lcsb[tensorboard]'"
+                f"train.report_to: {tracker!r} is not a known tracker; choose from {', '.join(TRACKER_MODULES)}"
             )
+        if trackers.count(tracker) > 1:
+            raise BadInput(f"train.report_to: {tracker} is named twice; name each tracker once")
+        missing = [m for m in TRACKER_MODULES[tracker] if importlib.util.find_spec(m) is None]
+        if missing:
+            raise BadInput(
+                f"train.report_to: {tracker} needs the {tracker} extra ({', '.join(missing)} not installed): "
+                f"pip install 'lcsb[{tracker}]'"
+            )
+
+
+def _validate_best(train) -> None:
+    """keep_best and early stopping read the held-out loss of train.eval_every's evaluations."""
+    for key, value in (("keep_best", train.keep_best), ("early_stopping_patience", train.early_stopping_patience)):
+        if value and not train.eval_every:
+            raise BadInput(
+                f"train.{key}: reads the held-out loss of train.eval_every's evaluations, and train.eval_every is 0; "
+                "set train.eval_every=N (N > 0)"
+            )
+    if train.early_stopping_min_delta and not train.early_stopping_patience:
+        raise BadInput(
+            "train.early_stopping_min_delta: counts only with train.early_stopping_patience=N (N > 0); set both"
+        )
 
 
 def _validate_format_keys(data: DataConfig) -> None:

@@ -242,8 +242,8 @@ def test_report_to_tensorboard_writes_every_metrics_row_that_reads_back(tmp_path
     (eval_row,) = [r for r in rows if "eval_loss" in r]
     assert [(e.step, e.value) for e in board.Scalars("eval/loss")] == [(3, pytest.approx(eval_row["eval_loss"]))]
     assert "train/lr" in board.Tags()["scalars"]
-    with pytest.raises(BadInput, match="train.report_to: 'wandb' is not a known tracker"):
-        load_recipe(LAMP2, ["train.report_to=[wandb]"])
+    with pytest.raises(BadInput, match="train.report_to: 'comet' is not a known tracker"):
+        load_recipe(LAMP2, ["train.report_to=[comet]"])
 
 
 @pytest.mark.parametrize("scheduler", ["constant", "linear", "cosine"])

@@ -21,6 +21,7 @@ from ..model.memory import breakdown
 from ..recipe import Recipe
 from ..runtime import log_to
 from . import rundir
+from .best import EARLY_STOPPING, BestWatch, load_adapter
 from .distributed import SINGLE, World
 from .hooks import Hook, Reporter, Run, SilentReporter, check_initial_loss, hooks_for
 from .job import Job, owned_job, write_report
@@ -78,7 +79,7 @@ def _train(request: RunRequest, reporter: Reporter, job: Job, world: World, owne
 
     def setup() -> tuple[Run, int]:
         trainer, loaded, task_data = build_trainer(recipe, world, request.task, RunDir(run_dir).snapshot(world.rank))
-        first_step, wall_before, notes = resume_state(run_dir, trainer) if request.resume else (0, 0.0, [])
+        first_step, wall_before, notes, best = resume_state(run_dir, trainer) if request.resume else (0, 0.0, [], None)
         run = Run(
             recipe,
             run_dir,
@@ -91,7 +92,10 @@ def _train(request: RunRequest, reporter: Reporter, job: Job, world: World, owne
             first_step,
             wall_before,
             notes,
+            watch=BestWatch.for_recipe(recipe.train),
         )
+        if run.watch is not None and best is not None:
+            run.watch.load_state_dict(best)
         check_initial_loss(run)
         return run, first_step
 
@@ -117,8 +121,14 @@ def _run_claimed(run: Run) -> dict:
     )
     if run.world.is_main and run.recipe.overnight.report and run.job.state["eval_before"] is None:
         run.job.state["eval_before"] = run.held_out_metrics()
-    run_steps(run, hooks_for(run))
-    summary = _finish(run)
+    try:
+        run_steps(run, hooks_for(run))
+        summary = _finish(run)
+    except BaseException:
+        # the trackers' runs end as failed
+        run.log.close(None)
+        raise
+    run.log.close(summary)
     run.reporter.on_end(summary)
     # no rank leaves before rank 0 has written the run's files
     run.world.barrier()
@@ -177,9 +187,11 @@ def run_steps(run: Run, hooks: list[Hook]) -> None:
     """Step until max_steps, a stop (signal, window end, time limit) or a divergence that stops the run."""
     run.trainer.good.take()
     run.loaded.model.train()
-    run.done, run.started = run.first_step, time.perf_counter()
+    run.done = run.first_step
     for hook in hooks:
         hook.at_start(run)
+    # after the trackers have started (StepLog): their start-up is not training time
+    run.started = time.perf_counter()
     for step in range(run.first_step, run.recipe.train.max_steps):
         for hook in hooks:
             hook.before_step(run, step)
@@ -201,7 +213,7 @@ def _finish(run: Run) -> dict:
         return {"steps": run.done, "rank": run.world.rank}
     # no snapshot: the weights are the diverged
     if not (run.diverged and run.recipe.divergence.snapshot == "none"):
-        save_adapter(run.loaded.model, run.adapter_dir)
+        _save_adapters(run)
     summary = summarize(rundir.read_metrics(RunDir(run.run_dir).metrics), run.trainer.method, run.wall_time_s())
     summary["diverged"] = run.diverged is not None
     summary["memory"] = breakdown(
@@ -211,9 +223,15 @@ def _finish(run: Run) -> dict:
     if run.trainer.backend.device.type == "cpu":
         summary["peak_mem_mb"] = summary["memory"]["peak_rss_mb"]
     summary.update(load_time_s=run.load_time_s, run_dir=str(run.run_dir), adapter=str(run.adapter_dir))
+    if run.watch is not None and run.watch.keep:
+        summary["adapter_last"] = str(RunDir(run.run_dir).adapter_last)
     if run.world.size > 1:
         summary["world_size"] = run.world.size
-    if run.stopped:
+    if run.watch is not None:
+        summary.update(run.watch.summary())
+    if run.stopped == EARLY_STOPPING:
+        summary["early_stopped"] = {"step": run.done, "reason": run.watch.reason()}
+    elif run.stopped:
         summary["stopped"] = run.stopped
         run.job.interrupted(run.done, run.stopped)
     if run.recipe.overnight.report:
@@ -227,6 +245,18 @@ def _finish(run: Run) -> dict:
     write_json_atomic(RunDir(run.run_dir).summary, summary)
     run.job.save()
     return summary
+
+
+def _save_adapters(run: Run) -> None:
+    """The adapter; with train.keep_best the last goes to adapter-last/ and the best (the last when no evaluation has
+    run) to the adapter dir, and the model holds the best from here on (the overnight report evaluates it)."""
+    if run.watch is None or not run.watch.keep:
+        save_adapter(run.loaded.model, run.adapter_dir)
+        return
+    save_adapter(run.loaded.model, RunDir(run.run_dir).adapter_last)
+    if run.watch.adapter is not None:
+        load_adapter(run.loaded.model, run.watch.adapter)
+    save_adapter(run.loaded.model, run.adapter_dir)
 
 
 def _guarded_step(run: Run, step: int) -> dict:

@@ -3,13 +3,12 @@
 The loop (engine.run_steps) only steps the trainer; everything else happens in hooks, called in list order:
 `at_start` once, `before_step` and `after_step` around each step, `at_end` once after the last. A hook
 changes the run only through `run.stopped`, `run.diverged` and what it writes. Only rank 0 gets the hooks
-that write (metrics log, periodic eval) and writes checkpoints; every rank gets job control, the divergence stop
-and the checkpoint rule, so all ranks leave the loop, and snapshot for a rollback, at the same steps.
+that write (metrics log, periodic eval, the best adapter) and writes checkpoints; every rank gets job control, the
+divergence stop and the checkpoint rule, so all ranks leave the loop, and snapshot for a rollback, at the same steps.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from dataclasses import dataclass, field
@@ -22,10 +21,12 @@ from ..evaluate import evaluate_items, summary_row
 from ..model.load import LoadedModel, inference_mode
 from ..model.losses import causal_lm_loss
 from ..recipe import Recipe
+from .best import EARLY_STOPPING, BestWatch
 from .distributed import World
 from .job import Job
 from .resume import save_state
 from .rundir import RunDir
+from .trackers import MetricsLog, open_trackers
 from .trainer import Trainer
 
 
@@ -46,38 +47,6 @@ class SilentReporter:
 
     def on_end(self, summary: dict) -> None:
         pass
-
-
-class MetricsLog:
-    """metrics.jsonl, appended; rows are strict JSON (a NaN or infinity is written as null: the row's reason says
-    what it was). Without a path (ranks other than 0) it writes nothing. With `tensorboard` (a log dir), every
-    number of every row also goes to TensorBoard, as train/NAME or eval/NAME at the row's step."""
-
-    def __init__(self, path: Path | None = None, tensorboard: Path | None = None):
-        # held open for the run; close() closes it
-        self.file = open(path, "a") if path is not None else None  # noqa: SIM115
-        self.board = None
-        if tensorboard is not None:
-            from torch.utils.tensorboard import SummaryWriter
-
-            self.board = SummaryWriter(str(tensorboard), flush_secs=10)
-
-    def write(self, row: dict) -> None:
-        if self.file is not None:
-            clean = {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in row.items()}
-            self.file.write(json.dumps(clean) + "\n")
-            self.file.flush()
-        if self.board is not None:
-            for key, value in row.items():
-                if key != "step" and isinstance(value, (int, float)) and not isinstance(value, bool):
-                    tag = f"eval/{key[5:]}" if key.startswith("eval_") else f"train/{key}"
-                    self.board.add_scalar(tag, value, row["step"])
-
-    def close(self) -> None:
-        if self.file is not None:
-            self.file.close()
-        if self.board is not None:
-            self.board.close()
 
 
 @dataclass
@@ -103,8 +72,12 @@ class Run:
     log: MetricsLog = field(default_factory=MetricsLog)
     # steps finished
     done: int = 0
-    # why the run stopped early: a signal, window_end, max_minutes
+    # why the run stopped early: a signal, window_end, max_minutes, early_stopping (best.EARLY_STOPPING)
     stopped: str | None = None
+    # train.keep_best / early_stopping_patience: the best held-out loss so far (restored on resume)
+    watch: BestWatch | None = None
+    # the last held-out row (PeriodicEval)
+    held_out: dict | None = None
     # raised after the finish when divergence.action is stop
     diverged: Diverged | None = None
     # perf_counter when the loop started (run_steps sets it)
@@ -152,7 +125,8 @@ class JobControl(Hook):
     the device is hotter than overnight.max_temp_c."""
 
     def before_step(self, run: Run, step: int) -> None:
-        reason = run.job.stop_reason()
+        # early stopping decided on rank 0: every rank stops with it
+        reason = run.stopped or run.job.stop_reason()
         if run.world.size > 1 and run.world.any(reason is not None):
             reason = reason or "another rank stopped"
         if reason:
@@ -167,8 +141,8 @@ class StepLog(Hook):
 
     def at_start(self, run: Run) -> None:
         layout = RunDir(run.run_dir)
-        board = layout.tensorboard if "tensorboard" in run.recipe.train.report_to else None
-        run.log = MetricsLog(layout.metrics, board)
+        # the engine closes it after the finish, so trackers get the summary
+        run.log = MetricsLog(layout.metrics, open_trackers(run.recipe, layout))
         for note in run.notes:
             run.log.write(note)
 
@@ -179,9 +153,6 @@ class StepLog(Hook):
             run.reporter.on_step(row)
         for note in run.trainer.take_notes():
             run.log.write(note)
-
-    def at_end(self, run: Run) -> None:
-        run.log.close()
 
 
 class DivergenceStop(Hook):
@@ -218,10 +189,14 @@ def check_initial_loss(run: Run) -> None:
 
 
 def first_batch_loss(run: Run) -> float:
-    """Mean next-token loss over every token of the first batch (all ranks' shards), without gradients."""
+    """Mean next-token loss over every token of the first batch (all ranks' shards), without gradients; in a packed
+    batch a document's first token is not predicted from the document before it."""
     backend = run.trainer.backend
     batch = {k: v.to(backend.device) for k, v in run.trainer.batches.batch(0).items()}
-    batch["labels"] = batch["input_ids"].masked_fill(batch["attention_mask"] == 0, -100)
+    unseen = batch["attention_mask"] == 0
+    if "position_ids" in batch:
+        unseen |= batch["position_ids"] == 0
+    batch["labels"] = batch["input_ids"].masked_fill(unseen, -100)
     with inference_mode(run.loaded.model), backend.autocast(run.recipe.train.autocast):
         summed = float(causal_lm_loss(run.loaded.model, batch))
     return run.world.total(summed) / max(run.world.total(int((batch["labels"][:, 1:] != -100).sum())), 1.0)
@@ -250,6 +225,29 @@ class PeriodicEval(Hook):
             row = {"step": done, **{name: metrics[key] for key, name in self.NAMES.items() if key in metrics}}
             run.log.write(row)
             run.reporter.on_step(row)
+            run.held_out = row
+
+
+class KeepBest(Hook):
+    """Rank 0, after PeriodicEval, with train.keep_best or train.early_stopping_patience: each held-out row's
+    eval_loss goes to the run's BestWatch (the best adapter copied); after `patience` evaluations without an
+    improvement of min_delta the run stops (an early_stopping row, then checkpointed like any stop)."""
+
+    def at_start(self, run: Run) -> None:
+        # resumed from the checkpoint of an early stop: the run is over
+        if run.watch.exhausted:
+            run.stopped = EARLY_STOPPING
+
+    def after_step(self, run: Run, row: dict) -> None:
+        held = run.held_out
+        if held is None or held["step"] != run.done:
+            return
+        run.watch.update(run.done, held["eval_loss"], run.loaded.model)
+        if run.watch.exhausted and run.done < run.recipe.train.max_steps:
+            run.stopped = EARLY_STOPPING
+            stop = {"step": run.done, "event": EARLY_STOPPING, "reason": run.watch.reason()}
+            run.log.write(stop)
+            run.reporter.on_step(stop)
 
 
 class Checkpointer(Hook):
@@ -280,7 +278,8 @@ class Checkpointer(Hook):
 
     def _save(self, run: Run) -> None:
         if self.writes:
-            save_state(run.run_dir, run.done, run.trainer, run.wall_time_s())
+            best = run.watch.state_dict() if run.watch is not None else None
+            save_state(run.run_dir, run.done, run.trainer, run.wall_time_s(), best)
         self.saved_at = run.done
         if run.done < self.max_steps and not (run.stopped or run.diverged):
             # what a run resumed here snapshots: both roll back to the same state
@@ -294,4 +293,5 @@ def hooks_for(run: Run) -> list[Hook]:
     checkpointer = Checkpointer(cfg.save_every, cfg.max_steps, writes=main)
     if not main:
         return [JobControl(), DivergenceStop(), checkpointer]
-    return [JobControl(), StepLog(), DivergenceStop(), PeriodicEval(), checkpointer]
+    best = [KeepBest()] if run.watch is not None else []
+    return [JobControl(), StepLog(), DivergenceStop(), PeriodicEval(), *best, checkpointer]

@@ -15,7 +15,8 @@ from .rundir import RunDir
 KEEP_CHECKPOINTS = 3
 
 
-def save_state(run_dir: Path, step: int, trainer, wall_time_s: float) -> None:
+def save_state(run_dir: Path, step: int, trainer, wall_time_s: float, best: dict | None = None) -> None:
+    """A checkpoint of everything exact resume needs; `best`: the run's BestWatch state (keep_best, early stopping)."""
     state = {
         "step": step,
         "wall_time_s": wall_time_s,
@@ -27,13 +28,15 @@ def save_state(run_dir: Path, step: int, trainer, wall_time_s: float) -> None:
             "torch": torch.get_rng_state(),
             "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
         },
+        "best": best,
     }
     adapter = get_peft_model_state_dict(trainer.model, save_embedding_layers=False)
     save_checkpoint(RunDir(run_dir).checkpoints, step, adapter, state, keep=KEEP_CHECKPOINTS)
 
 
-def resume_state(run_dir: Path, trainer) -> tuple[int, float, list[dict]]:
-    """Restore the newest intact checkpoint; a corrupt one (checksum mismatch) is skipped and reported."""
+def resume_state(run_dir: Path, trainer) -> tuple[int, float, list[dict], dict | None]:
+    """Restore the newest intact checkpoint; a corrupt one (checksum mismatch) is skipped and reported. Returns its
+    step, training seconds, the notes on skipped checkpoints and the BestWatch state it holds (None: none kept)."""
     notes = []
     for path in checkpoint_dirs(RunDir(run_dir).checkpoints):
         try:
@@ -45,7 +48,7 @@ def resume_state(run_dir: Path, trainer) -> tuple[int, float, list[dict]]:
         step = int(state["step"])
         for note in notes:
             note["resumed_from"] = step
-        return step, float(state["wall_time_s"]), notes
+        return step, float(state["wall_time_s"]), notes, state.get("best")
     raise BadInput(f"{run_dir}: no intact checkpoint to resume from ({notes[-1]['reason'] if notes else 'none'})")
 
 

@@ -21,7 +21,14 @@ from ..runtime import LOG_FILE, log_to
 from .checkpoint import checkpoint_dirs
 
 # Keys a resumed run may change: they alter how long it runs or how it reports, never the math of a step.
-RESUMABLE_CHANGES = {"train.max_steps", "train.log_every", "train.save_every", "train.threads", "output_dir"}
+RESUMABLE_CHANGES = {
+    "train.max_steps",
+    "train.log_every",
+    "train.save_every",
+    "train.threads",
+    "train.report_to",
+    "output_dir",
+}
 
 
 # the run dirs whose lock this process holds
@@ -31,7 +38,10 @@ _HELD: set[Path] = set()
 @dataclass(frozen=True)
 class RunDir:
     """Every path of a run directory and the lookups on it. A per-user run keeps each user's run in users/ID/ (a
-    RunDir of its own) and each user's adapter in adapters/ID/."""
+    RunDir of its own) and each user's adapter in adapters/ID/. With train.keep_best, adapter/ (adapters/ID/) is the
+    best adapter and adapter-last/ (users/ID/adapter-last/) the last. Trackers (train.report_to) keep their stores in
+    the top run's dir (wandb/, mlflow.db + mlflow-artifacts/, trackio/) and their run ids in each run's
+    trackers.json."""
 
     root: Path
 
@@ -51,6 +61,11 @@ class RunDir:
         "report.json",
         "snapshot",
         "tensorboard",
+        "trackers.json",
+        "wandb",
+        "mlflow.db",
+        "mlflow-artifacts",
+        "trackio",
         "eval-before",
         LOG_FILE,
     )
@@ -68,6 +83,11 @@ class RunDir:
     report_md = property(lambda self: self.root / "report.md")
     report_json = property(lambda self: self.root / "report.json")
     tensorboard = property(lambda self: self.root / "tensorboard")
+    trackers = property(lambda self: self.root / "trackers.json")
+    wandb = property(lambda self: self.root / "wandb")
+    mlflow_db = property(lambda self: self.root / "mlflow.db")
+    mlflow_artifacts = property(lambda self: self.root / "mlflow-artifacts")
+    trackio = property(lambda self: self.root / "trackio")
     eval_json = property(lambda self: self.root / "eval.json")
     predictions = property(lambda self: self.root / "predictions.json")
     eval_before = property(lambda self: self.root / "eval-before")
@@ -80,6 +100,16 @@ class RunDir:
 
     def user_adapter(self, user_id: str) -> Path:
         return self.adapters / user_id
+
+    def top(self) -> RunDir:
+        """The run this one belongs to: a user's run (users/ID of a per-user run) belongs to the per-user run."""
+        up = self.root.resolve().parent
+        return RunDir(up.parent) if up.name == "users" and RunDir(up.parent).is_run() else self
+
+    def run_name(self) -> str:
+        """The run dir's name, as trackers name the run; a user's run: the per-user run's name and the user id."""
+        top, own = self.top(), self.root.resolve().name
+        return own if top is self else f"{top.root.resolve().name}-{own}"
 
     def snapshot(self, rank: int) -> Path:
         """Each data-parallel rank keeps its own divergence snapshot."""

@@ -56,8 +56,10 @@ def summarize(rows: list[dict], method, wall_time_s: float) -> dict:
 
 
 def aggregate(summaries: list[dict]) -> dict:
-    """Per-user summaries combined: each user's step statistics come from step_stats; this only pools them."""
+    """Per-user summaries combined: each user's step statistics come from step_stats; this only pools them. Users
+    that early stopping ended are counted (`early_stopped_users`); each one's best step is in its own summary.json."""
     first = summaries[0]
+    early = sum(1 for s in summaries if s.get("early_stopped"))
     return {
         "method": first["method"],
         "blocks": first["blocks"],
@@ -72,6 +74,7 @@ def aggregate(summaries: list[dict]) -> dict:
         "memory": max(
             (s["memory"] for s in summaries if s.get("memory")), key=lambda m: m["peak_rss_mb"], default=None
         ),
+        **({"early_stopped_users": early} if early else {}),
     }
 
 
