@@ -205,7 +205,7 @@ def chat(
 
     Examples: `lcsb chat runs/chat-smollm2` · `lcsb chat runs/lamp2-smollm2 --user u1` ·
     `lcsb chat smollm2-135m --adapter runs/chat/adapter --temperature 0.7` ·
-    `printf 'Hi\\nMore\\n' | lcsb chat merged/`."""
+    `printf 'Hi\\nMore\\n' | lcsb chat merged/`. Recipe keys: `lcsb validate RECIPE` prints them all, resolved."""
     from ..chat import chat_target, run_chat
     from ..generate import Sampling
 
