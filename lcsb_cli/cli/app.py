@@ -72,6 +72,10 @@ RecipeArg = Annotated[
 Overrides = Annotated[
     list[str] | None, typer.Argument(help="Dotted KEY=VALUE overrides, e.g. train.max_steps=20 lcsb.blocks=2.")
 ]
+UserOption = Annotated[str | None, typer.Option("--user", help="For a per-user run: whose adapter.")]
+Temperature = Annotated[
+    float, typer.Option("--temperature", min=0.0, help="0: greedy; above 0: sampling at this temperature.")
+]
 
 
 @app.callback()

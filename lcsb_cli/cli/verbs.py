@@ -14,7 +14,7 @@ from ..paths import RECIPES_DIR, recipe_file
 from ..recipe import dump, load_recipe
 from ..recipe_yaml import explain as explain_keys
 from ..run.rundir import check_output_dir, resolve_target
-from .app import STATE, Overrides, RecipeArg, app, err, flag, handled, out
+from .app import STATE, Overrides, RecipeArg, Temperature, UserOption, app, err, flag, handled, out
 
 
 @app.command()
@@ -120,7 +120,7 @@ def generate(
     overrides: Overrides = None,
     *,
     adapter: Annotated[Path | None, typer.Option("--adapter", help="A PEFT adapter dir to generate with.")] = None,
-    user: Annotated[str | None, typer.Option("--user", help="For a per-user run: whose adapter.")] = None,
+    user: UserOption = None,
     prompt: Annotated[
         str | None, typer.Option("--prompt", help="The text to continue (with --chat: the user's message).")
     ] = None,
@@ -133,9 +133,7 @@ def generate(
     ] = None,
     chat: Annotated[bool, flag("--chat", help="Wrap each prompt in the tokenizer's chat template.")] = False,
     max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", min=1, help="New tokens at most.")] = 128,
-    temperature: Annotated[
-        float, typer.Option("--temperature", min=0.0, help="0: greedy; above 0: sampling at this temperature.")
-    ] = 0.0,
+    temperature: Temperature = 0.0,
     seed: Annotated[int, typer.Option("--seed", help="The sampling seed (temperature above 0).")] = 0,
     stop: Annotated[
         list[str] | None,
@@ -178,11 +176,9 @@ def chat(
     overrides: Overrides = None,
     *,
     adapter: Annotated[Path | None, typer.Option("--adapter", help="A PEFT adapter dir to chat with.")] = None,
-    user: Annotated[str | None, typer.Option("--user", help="For a per-user run: whose adapter.")] = None,
+    user: UserOption = None,
     max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", min=1, help="New tokens per reply at most.")] = 256,
-    temperature: Annotated[
-        float, typer.Option("--temperature", min=0.0, help="0: greedy; above 0: sampling at this temperature.")
-    ] = 0.0,
+    temperature: Temperature = 0.0,
     seed: Annotated[int, typer.Option("--seed", help="The sampling seed (turn n samples with SEED+n).")] = 0,
     stop: Annotated[
         list[str] | None,
@@ -331,7 +327,7 @@ def export(
             "| f16.",
         ),
     ] = None,
-    user: Annotated[str | None, typer.Option("--user", help="For a per-user run: whose adapter.")] = None,
+    user: UserOption = None,
     modelfile: Annotated[
         bool,
         flag(
