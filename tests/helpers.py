@@ -2,8 +2,10 @@
 
 import hashlib
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -14,6 +16,7 @@ from lcsb_cli.model.load import load_model
 from lcsb_cli.recipe import load_recipe
 from lcsb_cli.run.engine import train
 from lcsb_cli.run.per_user import train_per_user
+from lcsb_cli.run.rundir import read_metrics
 
 REPO = Path(__file__).resolve().parent.parent
 # the shipped LaMP-2 recipe on the tiny random-init preset
@@ -128,3 +131,19 @@ def assert_same_tensors(a: dict, b: dict) -> None:
     assert a.keys() == b.keys()
     for key in a:
         assert torch.equal(a[key], b[key]), key
+
+
+def kill_after_step(proc: subprocess.Popen, run_dir: Path, step: int, timeout: float = 300) -> None:
+    """SIGKILL `proc`, an `lcsb train` into `run_dir`, once its metrics.jsonl has logged `step`; it must still be
+    running then (no adapter written yet)."""
+    metrics = run_dir / "metrics.jsonl"
+    deadline = time.time() + timeout
+    while time.time() < deadline and proc.poll() is None:
+        rows = read_metrics(metrics) if metrics.is_file() else []
+        if rows and rows[-1]["step"] >= step:
+            break
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL, proc.stderr.read()
+    assert not (run_dir / "adapter").exists()

@@ -6,15 +6,13 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import torch
-from helpers import REPO, adapter_tensors, assert_one_line_error, assert_same_tensors, cli
+from helpers import REPO, adapter_tensors, assert_one_line_error, assert_same_tensors, cli, kill_after_step
 
 from lcsb_cli.model.load import load_model
 from lcsb_cli.model.packed import PackedLinear
@@ -104,17 +102,7 @@ def test_kill_9_then_resume_on_the_packed_base_is_bit_identical(tmp_path):
     train(load_recipe(SMOL, [*SHORT, "quantization=gguf", "train.max_steps=6"]), reference, SilentReporter())
 
     killed = tmp_path / "killed"
-    proc = subprocess.Popen(_train(killed), cwd=REPO, env=env, stderr=subprocess.PIPE, text=True)
-    deadline = time.time() + 300
-    while time.time() < deadline and proc.poll() is None:
-        rows = read_metrics(killed / "metrics.jsonl") if (killed / "metrics.jsonl").is_file() else []
-        if rows and rows[-1]["step"] >= 3:
-            break
-        time.sleep(0.05)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    assert proc.returncode == -signal.SIGKILL, proc.stderr.read()
-    assert not (killed / "adapter").exists()
+    kill_after_step(subprocess.Popen(_train(killed), cwd=REPO, env=env, stderr=subprocess.PIPE, text=True), killed, 3)
 
     resumed = subprocess.run([*_train(killed), "--resume"], cwd=REPO, env=env, capture_output=True, text=True)
     assert resumed.returncode == 0, resumed.stderr

@@ -4,14 +4,21 @@ runs decide per user, and a run killed with SIGKILL resumes to the same adapters
 
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
 
 import pytest
 import torch
-from helpers import LAMP2, REPO, adapter_tensors, assert_one_line_error, assert_same_tensors, cli, run_train
+from helpers import (
+    LAMP2,
+    REPO,
+    adapter_tensors,
+    assert_one_line_error,
+    assert_same_tensors,
+    cli,
+    kill_after_step,
+    run_train,
+)
 from safetensors.torch import load_file
 
 from lcsb_cli.run.best import BestWatch
@@ -100,18 +107,8 @@ def test_sigkill_then_resume_keeps_the_same_best_and_last_adapters_bit_for_bit(t
     reference = tmp_path / "reference"
     whole = run_train(reference, *BEST)
     killed = tmp_path / "killed"
-    proc = _train(killed)
-    deadline = time.time() + 300
     # after step 6's evaluation (the best) and before the stop at 12
-    while time.time() < deadline and proc.poll() is None:
-        rows = read_metrics(killed / "metrics.jsonl")
-        if rows and rows[-1]["step"] >= 7:
-            break
-        time.sleep(0.01)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    assert proc.returncode == -signal.SIGKILL, proc.stderr.read()
-    assert not (killed / "adapter").exists()
+    kill_after_step(_train(killed), killed, 7)
     resumed = _train(killed, resume=True)
     assert resumed.wait(timeout=600) == 0, resumed.stderr.read()
     for name in ("adapter", "adapter-last"):

@@ -2,15 +2,13 @@
 
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
 
 import pytest
 import torch
 import yaml
-from helpers import LAMP2, REPO, adapter_tensors, assert_same_tensors, run_train
+from helpers import LAMP2, REPO, adapter_tensors, assert_same_tensors, kill_after_step, run_train
 
 from lcsb_cli.errors import BadInput
 from lcsb_cli.recipe import load_recipe
@@ -188,18 +186,8 @@ def test_sigkill_then_resume_is_bit_identical(tmp_path, schedule, data, window):
     run_train(reference, "train.max_steps=20", "train.save_every=3", *overrides)
 
     killed = tmp_path / "killed"
-    proc = _start(killed, *overrides)
-    deadline = time.time() + 120
-    while time.time() < deadline and proc.poll() is None:
-        rows = read_metrics(killed / "metrics.jsonl")
-        if rows and rows[-1]["step"] >= 5:
-            break
-        time.sleep(0.01)
     # 15 steps short of the end: far from finishing, even on a fast machine
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    assert proc.returncode == -signal.SIGKILL, proc.stderr.read()
-    assert not (killed / "adapter").exists()
+    kill_after_step(_start(killed, *overrides), killed, 5, timeout=120)
 
     resumed = subprocess.run(
         [
