@@ -9,6 +9,7 @@ from pathlib import Path
 import yaml
 
 from .errors import BadInput
+from .host import choose_autocast, native_bf16_flag
 from .recipe_schema import DataConfig, Recipe
 from .recipe_yaml import apply_override, build, choices_of, fields_of, resolve_paths
 from .window import parse_window
@@ -131,11 +132,12 @@ def _validate_npu(recipe: Recipe) -> None:
 
     npu = recipe.npu_sim
     if recipe.backend in ("npu-sim", "npu-htp") and (
-        recipe.quantization not in ("none", "gguf") or recipe.train.autocast != "none"
+        recipe.quantization not in ("none", "gguf") or recipe.train.autocast == "bf16"
     ):
         raise BadInput(
             f"quantization, train.autocast: {recipe.backend} keeps its own resident weights and product "
-            "precision (npu_sim.weights, npu_sim.precision); set quantization=none (or gguf) and train.autocast=none"
+            "precision (npu_sim.weights, npu_sim.precision); set quantization=none (or gguf) and "
+            "train.autocast=none (or auto)"
         )
     if npu.precision in ("w8a16", "w8a8") and npu.weights != "int8":
         raise BadInput(f"npu_sim.precision: {npu.precision} products read int8 weights; set npu_sim.weights=int8")
@@ -238,3 +240,15 @@ def get_key(recipe: Recipe, dotted: str):
     for part in dotted.split("."):
         value = getattr(value, part)
     return value
+
+
+def with_autocast_chosen(recipe: Recipe) -> tuple[Recipe, str]:
+    """The recipe with `train.autocast: auto` replaced by what it picks on this machine (so a run's config.yaml says
+    what ran, and its resume on another host keeps it), and the line that says why. Another setting stays as it is;
+    its line is empty unless it asks for bf16 that this CPU would emulate."""
+    mode, why = choose_autocast(recipe.train.autocast, recipe.backend)
+    if recipe.train.autocast == "auto":
+        return replace_key(recipe, "train.autocast", mode), why
+    if mode == "bf16" and recipe.backend == "cpu" and native_bf16_flag() is None:
+        return recipe, "warning: train.autocast: bf16 on a CPU without native bf16 is emulated, slower than fp32"
+    return recipe, ""

@@ -158,7 +158,11 @@ class TrainConfig:
     eval_metrics: Literal["all", "loss"] = key(
         "all", "eval_every rows: all the task's metrics | loss only (no scoring or decoding; the last row has all)"
     )
-    autocast: Literal["none", "bf16"] = key("none", "none | bf16 (frozen products in bf16, LoRA and optimizer in fp32)")
+    autocast: Literal["none", "bf16", "auto"] = key(
+        "none",
+        "none | bf16 (frozen weights stored and multiplied in bf16, LoRA and optimizer in fp32) | auto (bf16 on cuda "
+        "and on CPUs with native bf16, none where bf16 is emulated)",
+    )
     threads: int = key(0, "torch intra-op threads; 0 keeps torch's default", min=0)
     optimizer: Literal["adamw", "adamw8bit"] = key(
         "adamw", "adamw (torch, fp32 moments) | adamw8bit (bitsandbytes, block-wise 8-bit moments)"

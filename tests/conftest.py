@@ -8,6 +8,8 @@ from pathlib import Path
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
 os.environ["HF_DATASETS_OFFLINE"] = "1"
+# train.autocast: auto resolves alike on every host (none); tests of the choice pass cpuinfo text themselves
+os.environ["LCSB_CPU_BF16"] = "emulated"
 # one cache per session (xdist workers inherit it), removed when it ends
 if "LCSB_CACHE" not in os.environ:
     os.environ["LCSB_CACHE"] = tempfile.mkdtemp(prefix="lcsb-test-cache-")

@@ -12,7 +12,7 @@ PACKAGE = Path(lcsb_cli.__file__).resolve().parent
 # a module may import modules of its own layer or of lower ones; a module's layer is that of the longest
 LAYERS = [
     # name below lcsb_cli that the table holds (run.checkpoint before run)
-    {"selective", "errors", "atomic", "window", "paths", "runtime"},
+    {"selective", "errors", "atomic", "window", "paths", "runtime", "host"},
     {"recipe", "recipe_schema", "recipe_yaml"},
     {
         "methods",

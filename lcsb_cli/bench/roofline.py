@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from ..host import choose_autocast, host_kind
 from ..methods import METHODS, Plan
 from ..model.shape import LayerShape
 from ..recipe import Recipe
@@ -117,7 +118,8 @@ class StepFlops:
 def compute_dtype(recipe: Recipe, trainer_bf16: bool = False) -> str:
     """bfloat16 when the frozen products run in bf16: bf16 weights, bf16 autocast or hf-trainer's bf16=True
     (`trainer_bf16`)."""
-    bf16 = recipe.model.dtype == "bfloat16" or recipe.train.autocast == "bf16" or trainer_bf16
+    autocast = choose_autocast(recipe.train.autocast, recipe.backend)[0]
+    bf16 = recipe.model.dtype == "bfloat16" or autocast == "bf16" or trainer_bf16
     return "bfloat16" if bf16 else "float32"
 
 
@@ -137,6 +139,7 @@ def probe_matmul(shape: ModelShape, tokens: int, seconds: float = 0.5) -> dict:
         "matmul_probe": {
             "shapes": [[tokens, fan_in, fan_out] for fan_in, fan_out in counts],
             "threads": torch.get_num_threads(),
+            "host": host_kind(),
         },
     }
 

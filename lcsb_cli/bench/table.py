@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from rich.console import Group
 from rich.table import Table
+from rich.text import Text
 
 from ..recipe import Recipe
 
@@ -67,7 +68,7 @@ def bench_markdown(result: dict, recipe: Recipe, steps: int, warmup: int) -> str
     if any("ideal_speedup" in m for m in result["methods"]):
         lines += [IDEAL, ""]
     if "matmul_limit_gflops" in result:
-        lines += [_limits(result) + " " + ROOFLINE + ".", ""]
+        lines += [limits_line(result) + " " + ROOFLINE + ".", ""]
     for table in bench_tables(result, recipe):
         lines += [f"{table.title}:", "", *markdown_lines(table), ""]
     return "\n".join(lines)
@@ -78,7 +79,8 @@ def markdown_lines(table: BenchTable) -> list[str]:
 
 
 def bench_rich(result: dict, recipe: Recipe) -> Group:
-    return Group(*(rich_table(table) for table in bench_tables(result, recipe)))
+    limits = [Text(limits_line(result))] if "matmul_limit_gflops" in result else []
+    return Group(*(rich_table(table) for table in bench_tables(result, recipe)), *limits)
 
 
 def rich_table(table: BenchTable) -> Table:
@@ -96,10 +98,16 @@ def _budget(result: dict, steps: int) -> str:
     return f"{steps} timed steps per method"
 
 
-def _limits(result: dict) -> str:
-    shapes = ", ".join("x".join(map(str, s)) for s in result["matmul_probe"]["shapes"])
-    rates = ", ".join(f"{SHORT_DTYPES.get(d, d)} {g:.1f}" for d, g in result["matmul_limit_gflops"].items())
-    return f"Matmul limit (GFLOP/s, GEMMs M x K x N {shapes}, {result['matmul_probe']['threads']} threads): {rates}."
+def limits_line(result: dict) -> str:
+    """The matmul limits, the bf16 one with the host's kind beside it: an emulated bf16 limit is no CPU's bf16."""
+    probe = result["matmul_probe"]
+    shapes = ", ".join("x".join(map(str, s)) for s in probe["shapes"])
+    host = f" ({probe.get('host', 'host kind unknown')})"
+    rates = ", ".join(
+        f"{SHORT_DTYPES.get(d, d)} {g:.1f}{host if d == 'bfloat16' else ''}"
+        for d, g in result["matmul_limit_gflops"].items()
+    )
+    return f"Matmul limit (GFLOP/s, GEMMs M x K x N {shapes}, {probe['threads']} threads): {rates}."
 
 
 def _roofline(m: dict) -> str:

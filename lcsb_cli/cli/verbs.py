@@ -11,7 +11,7 @@ import typer
 
 from ..errors import BadInput
 from ..paths import RECIPES_DIR, recipe_file
-from ..recipe import dump, load_recipe
+from ..recipe import Recipe, dump, load_recipe, with_autocast_chosen
 from ..recipe_yaml import explain as explain_keys
 from ..run.rundir import check_output_dir, resolve_target
 from .app import STATE, Overrides, RecipeArg, Temperature, UserOption, app, err, flag, handled, out
@@ -47,7 +47,7 @@ def train(
     from ..run.engine import train as train_one
     from ..run.per_user import train_per_user
 
-    loaded = load_recipe(recipe_file(recipe), overrides or [])
+    loaded = _autocast_chosen(load_recipe(recipe_file(recipe), overrides or []))
     if output is not None:
         loaded.output_dir = str(output)
     if nproc > 1 and "WORLD_SIZE" not in os.environ:
@@ -279,7 +279,7 @@ def bench(
     from ..bench.table import bench_rich
     from ..report import Phases
 
-    loaded = load_recipe(recipe_file(recipe), overrides or [])
+    loaded = _autocast_chosen(load_recipe(recipe_file(recipe), overrides or []))
     if not compare:
         raise BadInput("--compare: name at least one method, e.g. --compare full-backprop")
     method_names(loaded, compare, budget)
@@ -372,3 +372,11 @@ def recipes() -> None:
     for path in paths:
         first = path.read_text().splitlines()[0] if path.read_text() else ""
         out.print(f"[bold]{path.stem:<{width}}[/] {first.lstrip('# ')}  ({path})", highlight=False, soft_wrap=True)
+
+
+def _autocast_chosen(recipe: Recipe) -> Recipe:
+    """`train.autocast: auto` settled for this machine, the choice and its reason the run's first line."""
+    recipe, why = with_autocast_chosen(recipe)
+    if why:
+        err.print(why, highlight=False, soft_wrap=True)
+    return recipe

@@ -99,8 +99,9 @@ class ChunkedHeadCrossEntropy(torch.autograd.Function):
         rows = vocab_slice_rows(hidden.shape[0], hidden.shape[1], hidden.element_size())
         lse = torch.full((hidden.shape[0],), float("-inf"), device=hidden.device)
         target_logit = torch.zeros(hidden.shape[0], device=hidden.device)
+        compute = _compute_copy(hidden)
         for start in range(0, vocab, rows):
-            logits = _slice_logits(hidden, weight_slice, start, min(start + rows, vocab))
+            logits = _slice_logits(compute, weight_slice, start, min(start + rows, vocab))
             lse = torch.logaddexp(lse, torch.logsumexp(logits, dim=1))
             inside = (targets >= start) & (targets < start + logits.shape[1])
             target_logit[inside] = logits[inside, targets[inside] - start]
@@ -114,14 +115,22 @@ class ChunkedHeadCrossEntropy(torch.autograd.Function):
         hidden, targets, lse = ctx.saved_tensors
         grad_hidden = torch.zeros(hidden.shape, dtype=torch.float32, device=hidden.device)
         rows = torch.arange(hidden.shape[0], device=hidden.device)
+        compute = _compute_copy(hidden)
         for start in range(0, ctx.vocab, ctx.rows):
             stop = min(start + ctx.rows, ctx.vocab)
-            weight = ctx.weight_slice(start, stop, hidden.dtype)
-            probs = (F.linear(hidden, weight).float() - lse[:, None]).exp_()
+            weight = ctx.weight_slice(start, stop, compute.dtype)
+            probs = (F.linear(compute, weight).float() - lse[:, None]).exp_()
             inside = (targets >= start) & (targets < stop)
             probs[rows[inside], targets[inside] - start] -= 1.0
             grad_hidden += (probs.to(weight.dtype) @ weight).float()
         return (grad_hidden * grad_output).to(hidden.dtype), None, None, None
+
+
+def _compute_copy(hidden: torch.Tensor) -> torch.Tensor:
+    """hidden in the dtype the head's products run in: autocast's, cast once here, so that each vocabulary slice of
+    the head is made (cast or dequantized) straight into it and autocast finds nothing left to cast."""
+    device = hidden.device.type
+    return hidden.to(torch.get_autocast_dtype(device)) if torch.is_autocast_enabled(device) else hidden
 
 
 def _slice_logits(hidden: torch.Tensor, weight_slice, start: int, stop: int) -> torch.Tensor:

@@ -18,6 +18,7 @@ from ..methods import build_method, check_layer_counts
 from ..model.load import load_model, lora_parameters
 from ..model.losses import causal_lm_loss
 from ..model.memory import breakdown
+from ..model.precision import store_frozen_for_autocast
 from ..recipe import Recipe
 from ..runtime import log_to
 from . import rundir
@@ -150,6 +151,7 @@ def build_trainer(
     with world.main_first():
         loaded = load_model(recipe, backend.device)
     check_layer_counts(recipe, len(loaded.layers))
+    store_frozen_for_autocast(loaded.model, recipe)
     backend.prepare(loaded)
     task = load_task(recipe, loaded.tokenizer) if task is None else task
     if recipe.train.eval_every or recipe.overnight.report:

@@ -1,0 +1,117 @@
+"""train.autocast: what `auto` picks on which host, and bf16 autocast without per-step casts of frozen weights."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+import yaml
+from helpers import LAMP2, cli
+
+from lcsb_cli.host import choose_autocast, host_kind, native_bf16_flag
+from lcsb_cli.model.losses import head_cross_entropy
+from lcsb_cli.model.precision import CastCounter
+from lcsb_cli.recipe import load_recipe
+from lcsb_cli.run.engine import build_trainer
+
+X86 = "processor\t: 0\nflags\t\t: fpu sse2 avx2 avx512f {extra}\n"
+
+
+@pytest.mark.parametrize(
+    "cpuinfo,flag",
+    [
+        (X86.format(extra="avx512_bf16 avx512_vnni"), "avx512_bf16"),
+        (X86.format(extra="amx_tile amx_bf16 avx512_bf16"), "amx_bf16"),
+        (X86.format(extra="avx512_vnni"), None),
+        ("processor\t: 0\nFeatures\t: fp asimd sve bf16 i8mm\n", "bf16"),
+        ("processor\t: 0\nFeatures\t: fp asimd\nmodel name\t: bf16-lookalike\n", None),
+    ],
+)
+def test_native_bf16_comes_from_the_cpu_flags(cpuinfo, flag):
+    assert native_bf16_flag(cpuinfo) == flag
+
+
+@pytest.mark.parametrize("host,picked", [("native", "bf16"), ("emulated", "none")])
+def test_auto_picks_bf16_only_where_the_cpu_has_it(monkeypatch, host, picked):
+    monkeypatch.setenv("LCSB_CPU_BF16", host)
+    mode, why = choose_autocast("auto", "cpu")
+    assert mode == picked and why.startswith(f"train.autocast: auto -> {picked}")
+    assert ("emulated" in host_kind()) == (host == "emulated")
+    # the NPU backends keep their own precision; an explicit choice stays
+    assert choose_autocast("auto", "npu-sim")[0] == "none"
+    assert choose_autocast("bf16", "cpu")[0] == "bf16" and choose_autocast("none", "cpu")[0] == "none"
+
+
+@pytest.mark.parametrize("host,picked", [("native", "bf16"), ("emulated", "none")])
+def test_a_run_says_first_what_auto_chose_and_records_it(monkeypatch, tmp_path, host, picked):
+    monkeypatch.setenv("LCSB_CPU_BF16", host)
+    run = tmp_path / "run"
+    proc = cli("train", str(LAMP2), "train.autocast=auto", "train.max_steps=1", "train.save_every=0", "-o", str(run))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.splitlines()[0].startswith(f"train.autocast: auto -> {picked}: this CPU")
+    assert yaml.safe_load((run / "config.yaml").read_text())["train"]["autocast"] == picked
+
+
+def test_bf16_on_an_emulating_cpu_is_warned_about(monkeypatch, tmp_path):
+    monkeypatch.setenv("LCSB_CPU_BF16", "emulated")
+    proc = cli("validate", str(LAMP2), "train.autocast=bf16")
+    assert proc.returncode == 0
+    proc = cli("train", str(LAMP2), "train.autocast=bf16", "train.max_steps=1", "-o", str(tmp_path / "run"))
+    assert proc.returncode == 0 and "emulated, slower than fp32" in proc.stderr.splitlines()[0]
+
+
+def _trainer(*overrides):
+    recipe = load_recipe(LAMP2, ["train.batch_size=2", "train.max_steps=4", *overrides])
+    trainer, loaded, _ = build_trainer(recipe)
+    trainer.good.take()
+    loaded.model.train()
+    return trainer, loaded.model
+
+
+def test_bf16_autocast_stores_the_frozen_weights_once_and_casts_none_of_them():
+    trainer, model = _trainer("method=full-backprop", "train.autocast=bf16")
+    frozen = [m for m in model.modules() if type(m) is torch.nn.Linear and not m.weight.requires_grad]
+    assert frozen and all(m.weight.dtype == torch.bfloat16 for m in frozen)
+    assert all(p.dtype == torch.float32 for p in trainer.params)
+    # tied to the head, the embedding is bf16 too, its output fp32: the residual stream stays fp32
+    embedding = model.get_input_embeddings()
+    assert embedding.weight.dtype == torch.bfloat16
+    assert embedding(torch.tensor([[1, 2]])).dtype == torch.float32
+    with CastCounter(model) as casts:
+        row = trainer.step(0)
+    assert casts.counts["frozen weights"][0] == 0 and casts.counts["activations and LoRA"][0] > 0
+    reference, _ = _trainer("method=full-backprop")
+    assert row["loss"] == pytest.approx(reference.step(0)["loss"], rel=2e-2)
+
+
+def test_autocast_over_fp32_weights_would_cast_each_of_them_every_step():
+    """What the stored bf16 copy saves, and that the counter sees it."""
+    trainer, model = _trainer("method=full-backprop")
+    trainer.autocast = "bf16"
+    with CastCounter(model) as casts:
+        trainer.step(0)
+    projections = sum(type(m) is torch.nn.Linear and not m.weight.requires_grad for m in model.modules())
+    assert casts.counts["frozen weights"][0] >= projections
+
+
+def test_k1_stays_full_backprop_bit_for_bit_under_bf16_autocast():
+    lcsb, _ = _trainer("method=lcsb", "lcsb.blocks=1", "train.autocast=bf16")
+    full, _ = _trainer("method=full-backprop", "train.autocast=bf16")
+    for step in range(3):
+        assert lcsb.step(step)["loss"] == full.step(step)["loss"]
+    for p, q in zip(lcsb.params, full.params):
+        assert torch.equal(p, q)
+
+
+def test_the_chunked_head_under_autocast_matches_the_whole_head():
+    generator = torch.Generator().manual_seed(0)
+    head = torch.nn.Linear(32, 3000, bias=False).requires_grad_(False).to(torch.bfloat16)
+    hidden = torch.randn(5, 32, generator=generator, requires_grad=True)
+    targets = torch.tensor([0, 17, 1999, 2999, 5])
+    with torch.autocast("cpu", dtype=torch.bfloat16), CastCounter(head) as casts:
+        chunked = head_cross_entropy(head, hidden, targets)
+        (grad,) = torch.autograd.grad(chunked, hidden)
+    assert casts.counts["frozen weights"][0] == 0
+    whole_hidden = hidden.detach().requires_grad_()
+    whole = F.cross_entropy(F.linear(whole_hidden.bfloat16(), head.weight).float(), targets, reduction="sum")
+    whole.backward()
+    torch.testing.assert_close(chunked, whole, rtol=1e-3, atol=1e-3)
+    torch.testing.assert_close(grad, whole_hidden.grad, rtol=2e-2, atol=2e-3)
