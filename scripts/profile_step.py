@@ -1,7 +1,8 @@
 """Where a training step's CPU time goes: a few steps of the engine's own Trainer (lcsb K=4, bf16 weights by
 default) under torch.profiler, each op's self time grouped into GEMMs (by shape family, with their GFLOP/s),
 attention (SDPA), elementwise / norm / activations, softmax / loss, copies / casts, other ops, and Python / other
-overhead: the step time minus the time inside profiled ops.
+overhead: the step time minus the time inside profiled ops; then the dtype casts a step makes (aten::_to_copy), of
+frozen weights and of everything else, counted in one more step.
 
     python scripts/profile_step.py recipes/bench-smollm2.yaml --steps 2 --warmup 1 train.batch_size=8
 """
@@ -15,6 +16,7 @@ from collections import defaultdict
 
 from torch.profiler import ProfilerActivity, profile
 
+from lcsb_cli.model.precision import CastCounter
 from lcsb_cli.recipe import load_recipe
 from lcsb_cli.run.engine import build_trainer
 
@@ -117,6 +119,10 @@ def main() -> None:
                 rate = f"{flops / fam_ms / 1e6:>10.1f}" if fam_ms and flops else ""
                 print(f"  {name:<46}{fam_ms:>10.1f}{fam_ms / step_ms:>8.1%}{rate}")
     print(f"{'step':<48}{step_ms:>10.1f}")
+    with CastCounter(loaded.model) as casts:
+        trainer.step(args.warmup + args.steps)
+    for kind, (count, size) in casts.counts.items():
+        print(f"dtype casts of {kind} in one more step: {count}, {size / 2**20:.0f} MiB read")
     print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25))
 
 

@@ -25,12 +25,15 @@ RECIPES = {task: REPO / "recipes" / "study" / f"{task}.yaml" for task in ("lamp2
 DATA = REPO / "recipes" / "data"
 BASES = {"fp32": [], "nf4": ["quantization=nf4"], "gguf": ["quantization=gguf"]}
 EXACT = ["method=lcsb", "lcsb.blocks=4", "lcsb.upper_path=exact"]
+SUFFIX = ["method=lcsb", "lcsb.blocks=4", "lcsb.upper_path=suffix"]
 # name (a bench label where one exists) -> recipe overrides
 METHODS = {
     "full-backprop": ["method=full-backprop"],
     "lcsb:4": ["method=lcsb", "lcsb.blocks=4", "lcsb.upper_path=identity"],
     "lcsb:4:exact": EXACT,
-    "lcsb:4:suffix": ["method=lcsb", "lcsb.blocks=4", "lcsb.upper_path=suffix"],
+    "lcsb:4:suffix": SUFFIX,
+    "lcsb:4:suffix@lcsb.lr_scale=sqrt_k": [*SUFFIX, "lcsb.lr_scale=sqrt_k"],
+    "lcsb:4:suffix@lcsb.switch_every=4": [*SUFFIX, "lcsb.switch_every=4"],
     "lcsb:4:exact@lcsb.lr_scale=sqrt_k": [*EXACT, "lcsb.lr_scale=sqrt_k"],
     "lcsb:4:exact@lcsb.switch_every=4": [*EXACT, "lcsb.switch_every=4"],
     "lcsb:4:exact@lcsb.switch_every=4,lcsb.on_return=reset": [*EXACT, "lcsb.switch_every=4", "lcsb.on_return=reset"],

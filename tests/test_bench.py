@@ -516,6 +516,8 @@ def test_matmul_probe_measures_both_dtypes():
     assert set(probe["matmul_limit_gflops"]) == {"float32", "bfloat16"}
     assert all(rate > 0 for rate in probe["matmul_limit_gflops"].values())
     assert [64, 8, 16] in probe["matmul_probe"]["shapes"] and len(probe["matmul_probe"]["shapes"]) == 4
+    # conftest pins LCSB_CPU_BF16=emulated
+    assert probe["matmul_probe"]["host"] == "emulated: no native bf16"
 
 
 def test_roofline_fields_and_their_column():
@@ -543,7 +545,8 @@ def test_roofline_fields_and_their_column():
         [0],
     )
     result.update(
-        matmul_limit_gflops={"float32": 20.0, "bfloat16": 10.0}, matmul_probe={"shapes": [[64, 8, 16]], "threads": 2}
+        matmul_limit_gflops={"float32": 20.0, "bfloat16": 10.0},
+        matmul_probe={"shapes": [[64, 8, 16]], "threads": 2, "host": "native bf16: amx_bf16"},
     )
     lcsb, full = result["methods"]
     assert lcsb["model_gflop_per_step"] == 4 and lcsb["achieved_gflops"] == pytest.approx(4 / 0.6)
@@ -551,4 +554,35 @@ def test_roofline_fields_and_their_column():
         8 / 1.1 / 20
     )
     text = bench_markdown(result, load_recipe(LAMP2), 3, 0)
-    assert "| lcsb:4 | 3 | 0.600 | 167 | 6.7 (67% of bf16) |" in text and "fp32 20.0, bf16 10.0" in text
+    assert "| lcsb:4 | 3 | 0.600 | 167 | 6.7 (67% of bf16) |" in text
+    assert "fp32 20.0, bf16 10.0 (native bf16: amx_bf16)" in text
+
+
+def test_the_roofline_guard_records_each_share_with_the_host_kind(tmp_path):
+    import roofline_guard
+
+    result = {
+        "matmul_probe": {"host": "native bf16: amx_bf16", "threads": 2},
+        "matmul_limit_gflops": {"float32": 100.0, "bfloat16": 400.0},
+        "methods": [
+            {
+                "name": "lcsb:4",
+                "compute_dtype": "bfloat16",
+                "achieved_gflops": 280.0,
+                "roofline_fraction": 0.7,
+                "speedup": 1.7,
+            },
+            {"name": "mezo", "compute_dtype": "float32", "speedup": 0.5},
+        ],
+    }
+    rows = roofline_guard.rows(result, "bench-smollm2")
+    assert len(rows) == 1 and rows[0].endswith(
+        "| native bf16: amx_bf16, 2 threads | bench-smollm2 | lcsb:4 | bf16 | 400.0 | 280.0 | 70% | 1.70x |"
+    )
+    results = tmp_path / "RESULTS.md"
+    results.write_text(f"| head |\n{roofline_guard.MARKER}\nafter\n")
+    roofline_guard.record(results, rows)
+    assert results.read_text().splitlines()[1:] == [rows[0], roofline_guard.MARKER, "after"]
+    results.with_name("other.md").write_text("| head |\n")
+    with pytest.raises(SystemExit, match="no <!-- roofline-guard --> line"):
+        roofline_guard.record(results.with_name("other.md"), rows)
