@@ -27,14 +27,19 @@ class RichReporter:
     """A live progress bar on a terminal (loss trend, lr, tok/s, memory, active block); without one, plain
     mlx-lm-style lines (no glyphs, no wrapping). Held-out rows (train.eval_every) print as lines either way."""
 
-    def __init__(self, console: Console | None = None):
+    def __init__(self, console: Console | None = None, first_lines: list[str] | None = None):
         self.console = console or Console(stderr=True)
+        # printed once the run has set up (before its header), so a refused run prints only its one error line
+        self.first_lines = [line for line in first_lines or [] if line]
         self.losses: deque[float] = deque(maxlen=24)
         self.progress: Progress | None = None
         self.task = None
 
     def on_start(self, info: dict) -> None:
         recipe = info["recipe"]
+        for line in self.first_lines:
+            self.console.print(line, highlight=False, soft_wrap=True)
+        self.first_lines = []
         self.console.print(
             f"[bold]{recipe.name}[/]: {recipe.method} (K={info['blocks']}) on {recipe.model.name}, "
             f"{info['layers']} layers, {info['params']:,} LoRA params, backend {recipe.backend} -> {info['run_dir']}"

@@ -11,7 +11,7 @@ import typer
 
 from ..errors import BadInput
 from ..paths import RECIPES_DIR, recipe_file
-from ..recipe import Recipe, dump, load_recipe, with_autocast_chosen
+from ..recipe import dump, load_recipe, with_autocast_chosen
 from ..recipe_yaml import explain as explain_keys
 from ..run.rundir import check_output_dir, resolve_target
 from .app import STATE, Overrides, RecipeArg, Temperature, UserOption, app, err, flag, handled, out
@@ -47,13 +47,13 @@ def train(
     from ..run.engine import train as train_one
     from ..run.per_user import train_per_user
 
-    loaded = _autocast_chosen(load_recipe(recipe_file(recipe), overrides or []))
+    loaded, autocast = with_autocast_chosen(load_recipe(recipe_file(recipe), overrides or []))
     if output is not None:
         loaded.output_dir = str(output)
     if nproc > 1 and "WORLD_SIZE" not in os.environ:
         sys.exit(_launch(loaded, recipe, overrides or [], nproc, resume, force))
     run = train_per_user if loaded.data.user == "all" else train_one
-    summary = run(loaded, Path(loaded.output_dir), RichReporter(err), resume=resume, force=force)
+    summary = run(loaded, Path(loaded.output_dir), RichReporter(err, [autocast]), resume=resume, force=force)
     # checkpointed, yet `lcsb train ... && next` must not run on
     if summary.get("stopped") == "SIGINT":
         err.print(f"interrupted: checkpointed at step {summary.get('steps')}; continue with --resume", highlight=False)
@@ -279,7 +279,7 @@ def bench(
     from ..bench.table import bench_rich
     from ..report import Phases
 
-    loaded = _autocast_chosen(load_recipe(recipe_file(recipe), overrides or []))
+    loaded, autocast = with_autocast_chosen(load_recipe(recipe_file(recipe), overrides or []))
     if not compare:
         raise BadInput("--compare: name at least one method, e.g. --compare full-backprop")
     method_names(loaded, compare, budget)
@@ -294,6 +294,8 @@ def bench(
         seeds=seeds,
         budget=budget,
     )
+    if autocast:
+        err.print(autocast, highlight=False, soft_wrap=True)
     out.print(bench_rich(result, loaded))
 
 
@@ -372,11 +374,3 @@ def recipes() -> None:
     for path in paths:
         first = path.read_text().splitlines()[0] if path.read_text() else ""
         out.print(f"[bold]{path.stem:<{width}}[/] {first.lstrip('# ')}  ({path})", highlight=False, soft_wrap=True)
-
-
-def _autocast_chosen(recipe: Recipe) -> Recipe:
-    """`train.autocast: auto` settled for this machine, the choice and its reason the run's first line."""
-    recipe, why = with_autocast_chosen(recipe)
-    if why:
-        err.print(why, highlight=False, soft_wrap=True)
-    return recipe
