@@ -250,7 +250,9 @@ class Recipe:
     lora: LoraConfig = key(None, "the adapters", factory=LoraConfig)
     method: Literal[METHODS] = key("lcsb", "the training method (lcsb_cli/methods.py)")
     lcsb: LcsbConfig = key(None, "layer-cyclic selective backprop", factory=LcsbConfig)
-    activation_checkpointing: bool = key(False, "recompute layers in backward (under lcsb: the active block only)")
+    activation_checkpointing: bool = key(
+        False, "recompute layers in backward (under lcsb: the active block, and the exact or suffix layers above it)"
+    )
     backend: Literal["cpu", "cuda", "npu-sim", "npu-htp"] = key(
         "cpu", "where a step runs; npu-sim: a simulated phone NPU, npu-htp: Qualcomm's HTP kernels"
     )

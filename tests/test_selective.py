@@ -257,10 +257,11 @@ def test_identity_upper_path_is_the_straight_through_gradient():
     assert not torch.allclose(got[index], truth[2].up.weight.grad)
 
 
-def test_active_block_checkpointing_gives_identical_gradients():
+@pytest.mark.parametrize("upper_path", ["identity", "exact", "suffix"])
+def test_checkpointing_gives_identical_gradients(upper_path):
     plain, ckpt = make_stack(), make_stack()
     for layers, flag in ((plain, False), (ckpt, True)):
-        selective = SelectiveLayers(layers, partition(6, 2), "identity", checkpoint_active=flag)
+        selective = SelectiveLayers(layers, partition(6, 3), upper_path, checkpoint=flag)
         selective.activate(0)
         run(layers, X).backward()
     for a, b in zip(plain.parameters(), ckpt.parameters()):

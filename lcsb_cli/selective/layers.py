@@ -7,7 +7,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 from torch import nn
-from torch.utils.checkpoint import checkpoint
+from torch.utils.checkpoint import checkpoint as recomputed
 
 from .choices import UPPER_PATHS
 
@@ -15,9 +15,10 @@ from .choices import UPPER_PATHS
 class Role(enum.Enum):
     # no autograd: nothing here trains and no gradient needs to reach it
     BELOW = "below"
-    # full autograd (optionally recomputed in backward)
+    # full autograd (recomputed in backward with checkpointing)
     ACTIVE = "active"
-    # above the active block, within its exact window: autograd, LoRA frozen (trained on the suffix path)
+    # above the active block, within its exact window: autograd (recomputed with checkpointing), LoRA frozen
+    # (trained on the suffix path)
     EXACT = "exact"
     # above, beyond the window: straight-through residual, no graph
     IDENTITY = "identity"
@@ -49,6 +50,8 @@ class SelectiveLayers:
     with `upper_path="exact"`) backpropagate exactly, and `activate` freezes their LoRA; beyond them the gradient
     crosses on the identity path. exact_above=0 is the paper's surrogate. `upper_path="suffix"` is the exact path
     with the LoRA of every layer above the active block trained too: its backward passes through them anyway.
+    `checkpoint` recomputes in backward every layer backward runs through (the active block and the exact window),
+    so that no layer keeps its activations: the memory of checkpointed full backprop, with a shorter backward.
     """
 
     def __init__(
@@ -56,13 +59,13 @@ class SelectiveLayers:
         layers: Sequence[nn.Module],
         blocks: Sequence[range],
         upper_path: str = "identity",
-        checkpoint_active: bool = False,
+        checkpoint: bool = False,
         exact_above: int = 0,
     ):
         if upper_path not in UPPER_PATHS:
             raise ValueError(f"unknown upper_path {upper_path!r}; choose one of {', '.join(UPPER_PATHS)}")
         self.layers, self.blocks = list(layers), list(blocks)
-        self.checkpoint_active = checkpoint_active
+        self.checkpoint = checkpoint
         self.exact_above = exact_above if upper_path == "identity" else len(self.layers)
         self.trains_upper = upper_path == "suffix"
         self.trainable = [[p for p in layer.parameters() if p.requires_grad] for layer in self.layers]
@@ -104,11 +107,9 @@ class SelectiveLayers:
             if role is Role.BELOW:
                 with torch.no_grad():
                     return forward(*args, **kwargs)
-            if role is Role.ACTIVE:
-                if self.checkpoint_active and torch.is_grad_enabled():
-                    return checkpoint(forward, *args, use_reentrant=False, **kwargs)
-                return forward(*args, **kwargs)
-            if role is Role.EXACT:
+            if role in (Role.ACTIVE, Role.EXACT):
+                if self.checkpoint and torch.is_grad_enabled():
+                    return recomputed(forward, *args, use_reentrant=False, **kwargs)
                 return forward(*args, **kwargs)
             return _straight_through(args[0] if args else kwargs["hidden_states"], forward, args, kwargs)
 
