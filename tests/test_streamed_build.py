@@ -89,6 +89,7 @@ def loss(model) -> float:
 def test_kept_embedding_builds_the_same_modules_buffers_and_logits(checkpoint):
     normal, built = normal_build(checkpoint), streamed_build(checkpoint, "keep")
     assert {n: type(m) for n, m in built.named_modules()} == {n: type(m) for n, m in normal.named_modules()}
+    assert built.training == normal.training
     buffers = dict(built.named_buffers())
     assert buffers.keys() == dict(normal.named_buffers()).keys()
     for name, buffer in normal.named_buffers():

@@ -200,7 +200,9 @@ def streamed_model(config, dtype: torch.dtype, kind: str | None, embedding: str,
             )
     # peft gives bitsandbytes layers its 4-bit LoRA class on this flag
     model.is_loaded_in_4bit = kind in ("nf4", "fp4")
-    return model
+    # eval mode, as from_pretrained leaves it: where the CPU has avx512_bf16, bitsandbytes' eval forward takes
+    # another kernel, so a model left in train mode scores differently from the normal build on such hosts
+    return model.eval()
 
 
 def _build_ends(model, source: FloatSource, embedding: str, dtype: torch.dtype) -> None:
