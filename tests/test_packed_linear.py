@@ -110,6 +110,22 @@ def test_bf16_compute_stays_within_bf16_rounding_and_returns_the_input_dtype():
     torch.testing.assert_close(grad_x, grad_x_plain, rtol=0, atol=1e-2 * grad_x_plain.abs().max().item())
 
 
+@pytest.mark.parametrize("compute_dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_under_bf16_autocast_forward_and_input_gradient_equal_nn_linear(compute_dtype):
+    """Autocast runs the forward's product in bf16, so the gradient arrives in bf16: backward dequantizes in it."""
+    torch.manual_seed(0)
+    packed = random_packed(T.Q4_K, 16, 1, compute_dtype=compute_dtype)
+    plain = plain_copy(packed)
+    x = torch.randn(2, 3, packed.in_features, requires_grad=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y, y_plain = packed(x), plain(x)
+    assert torch.equal(y.float(), y_plain.float())
+    grad = torch.randn_like(y_plain)
+    (grad_x,) = torch.autograd.grad(y, x, grad.to(y.dtype))
+    (grad_x_plain,) = torch.autograd.grad(y_plain, x, grad)
+    assert grad_x.dtype == torch.float32 and torch.equal(grad_x, grad_x_plain)
+
+
 def packed_llama() -> tuple[LlamaForCausalLM, LlamaForCausalLM]:
     """A tiny Llama whose decoder projections are PackedLinear (attention Q4_0, MLP Q8_0, quantized from its own
     random weights) and its twin holding the dequantized weights in plain nn.Linear."""

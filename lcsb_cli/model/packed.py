@@ -41,7 +41,9 @@ class PackedProduct(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         (packed,) = ctx.saved_tensors
-        grad_x = grad.matmul(_weight(packed, *ctx.spec)) if ctx.needs_input_grad[0] else None
+        qtype, cols, _ = ctx.spec
+        # W in the gradient's dtype: under bf16 autocast the forward's product ran in bf16, so its gradient is bf16
+        grad_x = grad.matmul(_weight(packed, qtype, cols, grad.dtype)) if ctx.needs_input_grad[0] else None
         grad_bias = grad.reshape(-1, grad.shape[-1]).sum(0) if ctx.needs_input_grad[2] else None
         return grad_x, None, grad_bias, None, None, None
 
