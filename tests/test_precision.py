@@ -1,5 +1,7 @@
 """train.autocast: what `auto` picks on which host, and bf16 autocast without per-step casts of frozen weights."""
 
+import json
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -11,6 +13,7 @@ from lcsb_cli.model.losses import head_cross_entropy
 from lcsb_cli.model.precision import CastCounter
 from lcsb_cli.recipe import load_recipe
 from lcsb_cli.run.engine import build_trainer
+from lcsb_cli.run.rundir import read_metrics
 
 X86 = "processor\t: 0\nflags\t\t: fpu sse2 avx2 avx512f {extra}\n"
 
@@ -48,6 +51,21 @@ def test_a_run_says_first_what_auto_chose_and_records_it(monkeypatch, tmp_path, 
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr.splitlines()[0].startswith(f"train.autocast: auto -> {picked}: this CPU")
     assert yaml.safe_load((run / "config.yaml").read_text())["train"]["autocast"] == picked
+
+
+def test_under_bf16_autocast_the_held_out_evaluations_run_on_the_bf16_frozen_weights(tmp_path):
+    """The evaluations inside a run and a bench (not only the step) see the frozen weights stored in bf16."""
+    run = tmp_path / "run"
+    steps = ["train.autocast=bf16", "train.max_steps=2", "train.save_every=0"]
+    proc = cli("train", str(LAMP2), *steps, "train.eval_every=1", "-o", str(run))
+    assert proc.returncode == 0, proc.stderr
+    assert len([row for row in read_metrics(run / "metrics.jsonl") if "eval_loss" in row]) == 2
+    bench = tmp_path / "bench"
+    proc = cli(
+        "bench", str(LAMP2), *steps, "--compare", "lcsb:2", "--steps", "1", "--warmup", "0", "--eval", "-o", str(bench)
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert all(method["eval"] for method in json.loads((bench / "bench.json").read_text())["methods"])
 
 
 def test_bf16_on_an_emulating_cpu_is_warned_about(monkeypatch, tmp_path):

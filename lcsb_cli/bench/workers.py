@@ -40,7 +40,9 @@ def lcsb_worker(conn, recipe_dict: dict) -> None:
         elif command == "roofline":
             conn.send(probe_matmul(shape, trainer.batches.batch(0)["input_ids"].numel()))
         elif command == "eval":
-            conn.send(_evaluate(loaded.model, loaded.tokenizer, recipe))
+            # the frozen weights may be stored in bf16 for the step's autocast (model/precision.py)
+            with trainer.backend.autocast(recipe.train.autocast):
+                conn.send(_evaluate(loaded.model, loaded.tokenizer, recipe))
             loaded.model.train()
         elif command == "memory":
             conn.send(breakdown(loaded.model, loaded.probe, loaded.runtime_mb, trainer.backend.held_weights()))

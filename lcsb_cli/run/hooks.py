@@ -93,15 +93,17 @@ class Run:
         return self.wall_before + time.perf_counter() - self.started
 
     def held_out_metrics(self, loss_only: bool = False) -> dict:
-        """The held-out metrics (summary_row); the model goes back to training mode."""
-        _, metrics = evaluate_items(
-            self.loaded.model,
-            self.loaded.tokenizer,
-            self.task.held_out,
-            self.recipe,
-            self.task.labels,
-            loss_only=loss_only,
-        )
+        """The held-out metrics (summary_row) under the training step's autocast (under bf16 the frozen weights are
+        stored in bf16, model/precision.py); the model goes back to training mode."""
+        with self.trainer.backend.autocast(self.recipe.train.autocast):
+            _, metrics = evaluate_items(
+                self.loaded.model,
+                self.loaded.tokenizer,
+                self.task.held_out,
+                self.recipe,
+                self.task.labels,
+                loss_only=loss_only,
+            )
         self.loaded.model.train()
         return summary_row(metrics)
 
