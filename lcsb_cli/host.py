@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
 
@@ -17,16 +18,21 @@ def native_bf16_flag(cpuinfo: str | None = None) -> str | None:
     if cpuinfo is None and os.environ.get("LCSB_CPU_BF16") in ("native", "emulated"):
         return "LCSB_CPU_BF16=native" if os.environ["LCSB_CPU_BF16"] == "native" else None
     if cpuinfo is None:
-        try:
-            cpuinfo = Path("/proc/cpuinfo").read_text()
-        except OSError:
-            return None
+        cpuinfo = _proc_cpuinfo()
     words = set()
     for line in cpuinfo.splitlines():
         key, _, value = line.partition(":")
         if key.strip() in ("flags", "Features"):
             words.update(value.split())
     return next((flag for flag in BF16_FLAGS if flag in words), None)
+
+
+@functools.cache
+def _proc_cpuinfo() -> str:
+    try:
+        return Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return ""
 
 
 def host_kind() -> str:

@@ -4,7 +4,6 @@ import contextlib
 
 import torch
 
-from ..host import choose_autocast
 from ..model.memory import peak_rss_mb
 from .base import Backend
 
@@ -15,7 +14,7 @@ class CpuBackend(Backend):
 
     def autocast(self, mode: str):
         """bf16 autocast runs the frozen products in bf16; LoRA weights and the optimizer stay fp32."""
-        if choose_autocast(mode, self.name)[0] == "bf16":
+        if mode == "bf16":
             return torch.autocast("cpu", dtype=torch.bfloat16)
         return contextlib.nullcontext()
 

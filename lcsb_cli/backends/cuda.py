@@ -3,7 +3,6 @@ from __future__ import annotations
 import torch
 
 from ..errors import BadInput
-from ..host import choose_autocast
 from .base import Backend
 
 
@@ -16,7 +15,7 @@ class CudaBackend(Backend):
         self.device = torch.device("cuda", torch.cuda.current_device())
 
     def autocast(self, mode: str):
-        return torch.autocast("cuda", dtype=torch.bfloat16, enabled=choose_autocast(mode, self.name)[0] == "bf16")
+        return torch.autocast("cuda", dtype=torch.bfloat16, enabled=mode == "bf16")
 
     def peak_mem_mb(self) -> float:
         """The caching allocator's peak of memory handed to tensors."""

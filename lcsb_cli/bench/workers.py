@@ -41,7 +41,7 @@ def lcsb_worker(conn, recipe_dict: dict) -> None:
             conn.send(probe_matmul(shape, trainer.batches.batch(0)["input_ids"].numel()))
         elif command == "eval":
             # the frozen weights may be stored in bf16 for the step's autocast (model/precision.py)
-            with trainer.backend.autocast(recipe.train.autocast):
+            with trainer.backend.autocast(trainer.autocast):
                 conn.send(_evaluate(loaded.model, loaded.tokenizer, recipe))
             loaded.model.train()
         elif command == "memory":

@@ -14,6 +14,7 @@ from ..atomic import write_json_atomic
 from ..backends import get_backend
 from ..data import TaskData, build_train_batches, load_task
 from ..errors import BadInput
+from ..host import choose_autocast
 from ..methods import build_method, check_layer_counts
 from ..model.load import load_model, lora_parameters
 from ..model.losses import causal_lm_loss
@@ -176,7 +177,8 @@ def build_trainer(
         backend,
         recipe.train.grad_accum,
         recipe.train.max_grad_norm,
-        recipe.train.autocast,
+        # auto resolved once: every forward of the run (steps, checks, evaluations) reads trainer.autocast
+        choose_autocast(recipe.train.autocast, recipe.backend)[0],
         recipe.divergence,
         functools.partial(causal_lm_loss, probe=loaded.probe),
         world,

@@ -95,7 +95,7 @@ class Run:
     def held_out_metrics(self, loss_only: bool = False) -> dict:
         """The held-out metrics (summary_row) under the training step's autocast (under bf16 the frozen weights are
         stored in bf16, model/precision.py); the model goes back to training mode."""
-        with self.trainer.backend.autocast(self.recipe.train.autocast):
+        with self.trainer.backend.autocast(self.trainer.autocast):
             _, metrics = evaluate_items(
                 self.loaded.model,
                 self.loaded.tokenizer,
@@ -199,7 +199,7 @@ def first_batch_loss(run: Run) -> float:
     if "position_ids" in batch:
         unseen |= batch["position_ids"] == 0
     batch["labels"] = batch["input_ids"].masked_fill(unseen, -100)
-    with inference_mode(run.loaded.model), backend.autocast(run.recipe.train.autocast):
+    with inference_mode(run.loaded.model), backend.autocast(run.trainer.autocast):
         summed = float(causal_lm_loss(run.loaded.model, batch))
     return run.world.total(summed) / max(run.world.total(int((batch["labels"][:, 1:] != -100).sum())), 1.0)
 
