@@ -34,6 +34,7 @@ METHODS = {
     "lcsb:4:suffix": SUFFIX,
     "lcsb:4:suffix@lcsb.lr_scale=sqrt_k": [*SUFFIX, "lcsb.lr_scale=sqrt_k"],
     "lcsb:4:suffix@lcsb.switch_every=4": [*SUFFIX, "lcsb.switch_every=4"],
+    "lcsb:4:suffix@lcsb.switch_every=4,lcsb.on_return=reset": [*SUFFIX, "lcsb.switch_every=4", "lcsb.on_return=reset"],
     "lcsb:4:exact@lcsb.lr_scale=sqrt_k": [*EXACT, "lcsb.lr_scale=sqrt_k"],
     "lcsb:4:exact@lcsb.switch_every=4": [*EXACT, "lcsb.switch_every=4"],
     "lcsb:4:exact@lcsb.switch_every=4,lcsb.on_return=reset": [*EXACT, "lcsb.switch_every=4", "lcsb.on_return=reset"],
