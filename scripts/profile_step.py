@@ -2,7 +2,8 @@
 default) under torch.profiler, each op's self time grouped into GEMMs (by shape family, with their GFLOP/s),
 attention (SDPA), elementwise / norm / activations, softmax / loss, copies / casts, other ops, and Python / other
 overhead: the step time minus the time inside profiled ops; then the dtype casts a step makes (aten::_to_copy), of
-frozen weights and of everything else, counted in one more step.
+frozen weights and of everything else, counted in one more step. `--plain` profiles without shapes and FLOPs, which
+double a step, and prints the profiler's operator table alone.
 
     python scripts/profile_step.py recipes/bench-smollm2.yaml --steps 2 --warmup 1 train.batch_size=8
 """
@@ -14,11 +15,13 @@ import re
 import statistics
 from collections import defaultdict
 
-from torch.profiler import ProfilerActivity, profile
-
+# lcsb_cli first: it sets OpenMP's wait policy, which libgomp reads when torch loads it
 from lcsb_cli.model.precision import CastCounter
 from lcsb_cli.recipe import load_recipe
 from lcsb_cli.run.engine import build_trainer
+
+# isort: split
+from torch.profiler import ProfilerActivity, profile
 
 DEFAULTS = ["method=lcsb", "lcsb.blocks=4", "lcsb.upper_path=identity", "model.dtype=bfloat16"]
 GEMM = {"aten::mm", "aten::addmm", "aten::bmm"}
@@ -78,6 +81,9 @@ def main() -> None:
     parser.add_argument("overrides", nargs="*", help="KEY=VALUE recipe overrides (after the lcsb K=4 bf16 defaults)")
     parser.add_argument("--steps", type=int, default=2, help="profiled steps")
     parser.add_argument("--warmup", type=int, default=1, help="steps before profiling")
+    parser.add_argument(
+        "--plain", action="store_true", help="no shapes or FLOPs (which double the step): the profiler's op table only"
+    )
     args = parser.parse_intermixed_args()
     recipe = load_recipe(args.recipe, [*DEFAULTS, *args.overrides])
     trainer, loaded, _ = build_trainer(recipe)
@@ -85,8 +91,12 @@ def main() -> None:
     loaded.model.train()
     for step in range(args.warmup):
         trainer.step(step)
-    with profile(activities=[ProfilerActivity.CPU], record_shapes=True, with_flops=True) as prof:
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=not args.plain, with_flops=not args.plain) as prof:
         rows = [trainer.step(step) for step in range(args.warmup, args.warmup + args.steps)]
+    if args.plain:
+        print("steps", " ".join(f"{row['step_time_s']:.2f}" for row in rows), "s")
+        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25))
+        return
     step_ms = sum(row["step_time_s"] for row in rows) * 1e3 / args.steps
     groups, gemms = defaultdict(float), defaultdict(lambda: [0.0, 0.0])
     for event in prof.events():

@@ -586,3 +586,19 @@ def test_the_roofline_guard_records_each_share_with_the_host_kind(tmp_path):
     results.with_name("other.md").write_text("| head |\n")
     with pytest.raises(SystemExit, match="no <!-- roofline-guard --> line"):
         roofline_guard.record(results.with_name("other.md"), rows)
+
+
+def test_step_times_times_the_engines_steps_under_the_math_attention_beside_a_busy_core():
+    cmd = [sys.executable, "scripts/step_times.py", str(LAMP2), "train.batch_size=2", "--steps", "3", "--warmup", "1"]
+    done = subprocess.run(
+        [*cmd, "--sdpa", "math", "--busy"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr
+    line = done.stdout.strip().splitlines()[-1]
+    assert line.startswith("train.batch_size=2 sdpa=math busy: steps ")
+    assert len(line.split("steps ")[1].split(" s;")[0].split()) == 3
