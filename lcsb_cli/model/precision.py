@@ -6,18 +6,16 @@ import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from ..host import choose_autocast
 from ..recipe import Recipe
 
 
-def store_frozen_for_autocast(model: nn.Module, recipe: Recipe) -> None:
+def store_frozen_for_autocast(model: nn.Module, autocast: str, recipe: Recipe) -> None:
     """With bf16 autocast over float32 storage, autocast casts every frozen projection to bf16 again on every
     forward (on SmolLM2-135M 294 casts, 729 MiB read a step). Stored in bf16 once, they are products' operands as
     they are. Only the frozen Linears change: the LoRA weights, the optimizer and the norms stay fp32. A head tied to
     the input embedding takes the embedding with it; its output is cast back to fp32, so the residual stream stays
-    fp32 as under autocast over fp32 weights."""
-    mode = choose_autocast(recipe.train.autocast, recipe.backend)[0]
-    if mode != "bf16" or recipe.quantization != "none" or recipe.model.dtype != "float32":
+    fp32 as under autocast over fp32 weights. `autocast`: the run's resolved mode (none | bf16)."""
+    if autocast != "bf16" or recipe.quantization != "none" or recipe.model.dtype != "float32":
         return
     frozen = [m for m in model.modules() if type(m) is nn.Linear and not m.weight.requires_grad]
     for module in frozen:

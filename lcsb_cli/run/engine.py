@@ -152,7 +152,9 @@ def build_trainer(
     with world.main_first():
         loaded = load_model(recipe, backend.device)
     check_layer_counts(recipe, len(loaded.layers))
-    store_frozen_for_autocast(loaded.model, recipe)
+    # auto resolved once: the frozen weights' storage and every forward of the run (trainer.autocast) follow it
+    autocast = choose_autocast(recipe.train.autocast, recipe.backend)[0]
+    store_frozen_for_autocast(loaded.model, autocast, recipe)
     backend.prepare(loaded)
     task = load_task(recipe, loaded.tokenizer) if task is None else task
     if recipe.train.eval_every or recipe.overnight.report:
@@ -177,8 +179,7 @@ def build_trainer(
         backend,
         recipe.train.grad_accum,
         recipe.train.max_grad_norm,
-        # auto resolved once: every forward of the run (steps, checks, evaluations) reads trainer.autocast
-        choose_autocast(recipe.train.autocast, recipe.backend)[0],
+        autocast,
         recipe.divergence,
         functools.partial(causal_lm_loss, probe=loaded.probe),
         world,
