@@ -10,7 +10,7 @@ from helpers import LAMP2, cli
 
 from lcsb_cli.host import choose_autocast, host_kind, native_bf16_flag
 from lcsb_cli.model.losses import head_cross_entropy
-from lcsb_cli.model.precision import CastCounter
+from lcsb_cli.model.precision import CastCounter, store_frozen_in_bf16
 from lcsb_cli.recipe import load_recipe
 from lcsb_cli.run.engine import build_trainer
 from lcsb_cli.run.rundir import read_metrics
@@ -108,6 +108,80 @@ def test_autocast_over_fp32_weights_would_cast_each_of_them_every_step():
         trainer.step(0)
     projections = sum(type(m) is torch.nn.Linear and not m.weight.requires_grad for m in model.modules())
     assert casts.counts["frozen weights"][0] >= projections
+
+
+def _hidden_casts(model, ids):
+    """fp32 -> bf16 casts of hidden-state-shaped activations in one forward under bf16 autocast."""
+    with torch.autocast("cpu", dtype=torch.bfloat16), CastCounter(model) as casts:
+        model(input_ids=ids)
+    return casts.shapes[((*ids.shape, model.config.hidden_size), torch.float32, torch.bfloat16)], casts.shapes
+
+
+def test_under_bf16_autocast_each_normed_hidden_state_is_cast_once_for_all_its_projections():
+    ids = torch.randint(0, 100, (2, 7))
+    _, model = _trainer("method=full-backprop", "train.autocast=bf16")
+    layers = model.config.num_hidden_layers
+    hidden, shapes = _hidden_casts(model, ids)
+    # one per norm that feeds projections (attention, MLP) and the final norm's, for the head
+    assert hidden == 2 * layers + 1
+    # and no bf16 -> fp32 -> bf16 round trip of the MLP's inner activation into down_proj's LoRA
+    assert not [kind for kind in shapes if kind[0] == (*ids.shape, model.config.intermediate_size)]
+    _, plain = _trainer("method=full-backprop")
+    store_frozen_in_bf16(plain)
+    # autocast alone: q, k, v, gate, up and their five LoRA A's each cast the same input
+    assert _hidden_casts(plain, ids)[0] == 10 * layers + 1 + layers
+
+
+def _loss_and_lora_grads(model, ids, autocast):
+    params = [p for p in model.parameters() if p.requires_grad]
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        loss = model(input_ids=ids, labels=ids).loss
+    grads = torch.autograd.grad(loss, params)
+    return loss, torch.cat([g.flatten() for g in grads])
+
+
+def test_the_shared_casts_keep_the_forward_and_the_gradients_as_precise_as_autocast_alone():
+    ids = torch.randint(0, 100, (2, 16), generator=torch.Generator().manual_seed(0))
+    _, once = _trainer("method=full-backprop", "train.autocast=bf16")
+    _, alone = _trainer("method=full-backprop")
+    _, reference = _trainer("method=full-backprop")
+    store_frozen_in_bf16(alone)
+    loss_once, grads_once = _loss_and_lora_grads(once, ids, True)
+    loss_alone, grads_alone = _loss_and_lora_grads(alone, ids, True)
+    _, grads_fp32 = _loss_and_lora_grads(reference, ids, False)
+    assert torch.equal(loss_once, loss_alone)
+
+    def error(grads):
+        return ((grads - grads_fp32).norm() / grads_fp32.norm()).item()
+
+    # the readers' bf16 input gradients are summed in bf16 once, not each cast to fp32 first
+    assert error(grads_alone) > 0 and error(grads_once) < 1.25 * error(grads_alone)
+
+
+def _activation_bytes_saved_for_backward(model, ids):
+    parameters = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    saved = {}
+
+    def pack(tensor):
+        storage = tensor.untyped_storage()
+        if storage.data_ptr() not in parameters:
+            saved[storage.data_ptr()] = storage.nbytes()
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), torch.autocast("cpu", dtype=torch.bfloat16):
+        model(input_ids=ids, labels=ids)
+    return sum(saved.values())
+
+
+def test_the_shared_casts_save_fewer_bf16_copies_of_the_activations_for_backward():
+    ids = torch.randint(0, 100, (2, 64), generator=torch.Generator().manual_seed(0))
+    _, once = _trainer("method=full-backprop", "train.autocast=bf16")
+    _, alone = _trainer("method=full-backprop")
+    store_frozen_in_bf16(alone)
+    copy = ids.numel() * once.config.hidden_size * 2
+    saved = _activation_bytes_saved_for_backward(alone, ids) - _activation_bytes_saved_for_backward(once, ids)
+    # LoRA A saves its input: q, k, v's three copies become one, gate and up's two one, and o_proj's round trip none
+    assert saved >= 3 * once.config.num_hidden_layers * copy
 
 
 def test_k1_stays_full_backprop_bit_for_bit_under_bf16_autocast():

@@ -19,7 +19,7 @@ from ..methods import build_method, check_layer_counts
 from ..model.load import load_model, lora_parameters
 from ..model.losses import causal_lm_loss
 from ..model.memory import breakdown
-from ..model.precision import store_frozen_for_autocast
+from ..model.precision import prepare_for_autocast
 from ..recipe import Recipe
 from ..runtime import log_to
 from . import rundir
@@ -154,7 +154,7 @@ def build_trainer(
     check_layer_counts(recipe, len(loaded.layers))
     # auto resolved once: the frozen weights' storage and every forward of the run (trainer.autocast) follow it
     autocast = choose_autocast(recipe.train.autocast, recipe.backend)[0]
-    store_frozen_for_autocast(loaded.model, autocast, recipe)
+    prepare_for_autocast(loaded.model, autocast, recipe)
     backend.prepare(loaded)
     task = load_task(recipe, loaded.tokenizer) if task is None else task
     if recipe.train.eval_every or recipe.overnight.report:
