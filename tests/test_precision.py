@@ -10,7 +10,7 @@ from helpers import LAMP2, cli
 
 from lcsb_cli.host import choose_autocast, host_kind, native_bf16_flag
 from lcsb_cli.model.losses import head_cross_entropy
-from lcsb_cli.model.precision import CastCounter, store_frozen_in_bf16
+from lcsb_cli.model.precision import CastCounter, _CastOnce, store_frozen_in_bf16
 from lcsb_cli.recipe import load_recipe
 from lcsb_cli.run.engine import build_trainer
 from lcsb_cli.run.rundir import read_metrics
@@ -130,6 +130,25 @@ def test_under_bf16_autocast_each_normed_hidden_state_is_cast_once_for_all_its_p
     store_frozen_in_bf16(plain)
     # autocast alone: q, k, v, gate, up and their five LoRA A's each cast the same input
     assert _hidden_casts(plain, ids)[0] == 10 * layers + 1 + layers
+
+
+def test_a_shared_cast_is_reused_only_for_the_same_unchanged_tensor_and_dies_with_it():
+    cast_once, layer = _CastOnce(), torch.nn.Identity()
+    x = torch.randn(3, 4, requires_grad=True).clone()
+    assert cast_once(layer, (x,)) is None
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        (first,) = cast_once(layer, (x,))
+        assert first.dtype == torch.bfloat16 and first.grad_fn is not None
+        assert cast_once(layer, (x,))[0] is first
+        assert cast_once(layer, (x.clone(),))[0] is not first
+        (again,) = cast_once(layer, (x,))
+        with torch.no_grad():
+            assert cast_once(layer, (x,))[0].grad_fn is None
+        x.mul_(2)
+        assert torch.equal(cast_once(layer, (x,))[0], (x * 1).to(torch.bfloat16))
+        assert cast_once(layer, (x.to(torch.bfloat16),)) is None
+    del x, first, again
+    assert cast_once.cast is None
 
 
 def _loss_and_lora_grads(model, ids, autocast):

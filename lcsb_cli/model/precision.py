@@ -57,7 +57,8 @@ def cast_lora_inputs_once(model: nn.Module) -> None:
 
 class _CastOnce:
     """Forward pre-hook: an fp32 input under autocast becomes autocast's dtype, reusing the last cast while the input
-    is the same tensor, unchanged (its version counter), read in the same grad mode. The input is held weakly."""
+    is the same tensor, unchanged (its version counter), read in the same grad mode. The input is held weakly, and
+    the cast is let go with it."""
 
     def __init__(self):
         self.source = lambda: None
@@ -65,15 +66,18 @@ class _CastOnce:
         self.cast = None
 
     def __call__(self, module: nn.Module, args: tuple):
-        x = args[0]
-        device = x.device.type
-        if x.dtype != torch.float32 or not torch.is_autocast_enabled(device):
+        x = args[0] if args else None
+        if not isinstance(x, torch.Tensor) or x.dtype != torch.float32 or not torch.is_autocast_enabled(x.device.type):
             return None
         key = (x._version, torch.is_grad_enabled())
         if self.source() is not x or self.key != key:
-            self.source, self.key = weakref.ref(x), key
-            self.cast = x.to(torch.get_autocast_dtype(device))
+            self.source, self.key = weakref.ref(x, self._forget), key
+            self.cast = x.to(torch.get_autocast_dtype(x.device.type))
         return (self.cast, *args[1:])
+
+    def _forget(self, source: weakref.ref) -> None:
+        if source is self.source:
+            self.cast = None
 
 
 class CastCounter(TorchDispatchMode):
