@@ -41,13 +41,13 @@ def _to_float32(module: nn.Module, args, output: torch.Tensor) -> torch.Tensor:
 
 
 def cast_lora_inputs_once(model: nn.Module) -> None:
-    """Over the fp32 residual stream autocast casts a projection's input once per product and saves each cast for
-    backward: the normed hidden state that q, k and v read becomes six bf16 copies (each frozen product and each LoRA
-    A), and peft casts a bf16 input up to the fp32 LoRA weights for autocast to cast it back down. Each LoRA layer now
-    gets its input cast once, shared with the layers that read the same tensor, and peft's round trip is off: the
-    products see the same bf16 values, and one copy is saved instead of six (SmolLM2-135M's full-backprop step: 13%
-    less activation memory). The shared cast's gradient sums its readers' bf16 gradients in bf16 (the LoRA gradients'
-    relative error against fp32 goes from 1.82% to 1.84%)."""
+    """Over the fp32 residual stream autocast casts a projection's input once per product: the normed hidden state
+    that q, k and v read is cast six times (each frozen product and each LoRA A), and each LoRA A keeps its cast for
+    backward; peft also casts a bf16 input up to the fp32 LoRA weights for autocast to cast it back down. Each LoRA
+    layer now gets its input cast once, shared with the layers that read the same tensor, and peft's round trip is
+    off: the products see the same bf16 values, and backward keeps one copy where it kept three (SmolLM2-135M's
+    full-backprop step: 13% less activation memory). The shared cast's gradient sums its readers' bf16 gradients in
+    bf16 (the LoRA gradients' relative error against fp32 goes from 1.82% to 1.84%)."""
     cast_once = _CastOnce()
     for module in model.modules():
         if isinstance(module, LoraLayer):
