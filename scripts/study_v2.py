@@ -4,6 +4,7 @@ loss along each run, the rate chosen on a validation split carved from the train
     python scripts/study_v2.py run OUT --task lamp2 [--rates 3e-4 1e-3 3e-3] [--methods NAME ...] [--epochs 3]
         [--train-size 120] [--seed 0] [--base fp32|nf4|gguf]
     python scripts/study_v2.py report OUT [--times BENCH_JSON]      # OUT/report.md and OUT/TASK-BASE-time.png
+    python scripts/study_v2.py spare OUT --task lamp2 [--methods NAME ...]   # chosen runs on the unused examples
 
 `run` skips runs that already finished, so an interrupted study continues. Every number comes from `lcsb train` and
 `lcsb eval`. `--times` takes step times from one interleaved `lcsb bench` (its methods' labels as below) instead of
@@ -44,14 +45,15 @@ METHODS = {
 
 
 def split_data(task: str, out: Path, train_size: int) -> tuple[dict[str, list[str]], int]:
-    """Every 5th training example goes to the validation split, the next `train_size` others train; the task's
-    own held-out set stays as the recipe names it. -> ({"train": overrides, "val": overrides}, training rows),
-    where plain text counts its 256-token rows at about 4 characters a token."""
+    """Every 5th training example goes to the validation split, the next `train_size` others train, the rest are
+    spare (never trained on, a second held-out set); the task's own held-out set stays as the recipe names it.
+    -> ({"train" | "val" | "spare": overrides}, training rows), where plain text counts its 256-token rows at about 4
+    characters a token."""
     out.mkdir(parents=True, exist_ok=True)
     if task == "lamp2":
         questions = json.loads((DATA / "lamp2" / "train_questions.json").read_text())
         golds = {g["id"]: g for g in json.loads((DATA / "lamp2" / "train_outputs.json").read_text())["golds"]}
-        parts = {"val": questions[::5], "train": [q for i, q in enumerate(questions) if i % 5][:train_size]}
+        parts = three_parts(questions, train_size)
         overrides = {}
         for name, items in parts.items():
             (out / f"{name}_questions.json").write_text(json.dumps(items))
@@ -63,14 +65,18 @@ def split_data(task: str, out: Path, train_size: int) -> tuple[dict[str, list[st
         return overrides, len(parts["train"])
     source = DATA / ("qa/train.jsonl" if task == "qa" else "text/train.txt")
     lines = [line for line in source.read_text().splitlines() if line.strip()]
-    parts = {"val": lines[::5], "train": [line for i, line in enumerate(lines) if i % 5][:train_size]}
+    parts = three_parts(lines, train_size)
     for name, items in parts.items():
         (out / f"{name}{source.suffix}").write_text("\n".join(items) + "\n")
     rows = len(parts["train"]) if task == "qa" else sum(map(len, parts["train"])) // (4 * 256)
-    overrides = {
-        name: [f"data.{key}={out / f'{name}{source.suffix}'}"] for name, key in (("train", "train"), ("val", "eval"))
-    }
+    keys = {"train": "train", "val": "eval", "spare": "eval"}
+    overrides = {name: [f"data.{keys[name]}={out / f'{name}{source.suffix}'}"] for name in parts}
     return overrides, rows
+
+
+def three_parts(items: list, train_size: int) -> dict[str, list]:
+    rest = [item for i, item in enumerate(items) if i % 5]
+    return {"val": items[::5], "train": rest[:train_size], "spare": rest[train_size:]}
 
 
 def run_dir_name(method: str) -> str:
@@ -142,6 +148,34 @@ def read_run(run: Path) -> dict:
     }
 
 
+def finished(study: Path, method: str) -> dict[float, Path]:
+    """rate -> run dir, for the method's runs that finished (validated)."""
+    runs = (study / run_dir_name(method)).glob("lr-*")
+    return {float(run.name[3:]): run for run in runs if (run / "val" / "eval.json").is_file()}
+
+
+def spare(args) -> None:
+    """Each method's run at its chosen rate (lowest validation loss) evaluated once more, on the spare training
+    examples (never trained on): a second, larger held-out set for the final comparison."""
+    study = Path(args.out) / f"{args.task}-{args.base}"
+    data, _ = split_data(args.task, study / "data", args.train_size)
+    print("| method | rate | held-out final | spare: loss | spare: accuracy or exact match | spare: n |")
+    print("|" + " --- |" * 6)
+    for name in args.methods:
+        runs = finished(study, name)
+        if not runs:
+            continue
+        rate = min(runs, key=lambda r: json.loads((runs[r] / "val" / "eval.json").read_text())["loss"])
+        run = runs[rate]
+        if not (run / "spare" / "eval.json").is_file():
+            lcsb("eval", str(run), "--output", str(run / "spare"), *data["spare"])
+        result = json.loads((run / "spare" / "eval.json").read_text())
+        score = result.get("accuracy", result.get("exact_match"))
+        cells = [name, f"{rate:g}", f"{read_run(run)['final']:.3f}", f"{result['loss']:.3f}"]
+        cells += ["" if score is None else f"{score:.3f}", str(result["n"])]
+        print("| " + " | ".join(cells) + " |")
+
+
 def loss_at(curve: list[tuple[float, float]], t: float) -> float:
     """The held-out loss at time t, linear between evaluations (the last one beyond the curve)."""
     for (t0, l0), (t1, l1) in itertools.pairwise(curve):
@@ -164,8 +198,7 @@ def report(args) -> None:
     for study in sorted(p for p in out.iterdir() if (p / "data").is_dir()):
         best = {}
         for name in METHODS:
-            done = [p for p in (study / run_dir_name(name)).glob("lr-*") if (p / "val" / "eval.json").is_file()]
-            runs = {float(p.name[3:]): read_run(p) for p in done}
+            runs = {rate: read_run(run) for rate, run in finished(study, name).items()}
             if runs:
                 rate = min(runs, key=lambda r: runs[r]["val"])
                 best[name] = {"rate": rate, "grid": runs, **runs[rate]}
@@ -234,8 +267,14 @@ def main() -> None:
     show = verbs.add_parser("report")
     show.add_argument("out")
     show.add_argument("--times")
+    again = verbs.add_parser("spare")
+    again.add_argument("out")
+    again.add_argument("--task", choices=sorted(RECIPES), required=True)
+    again.add_argument("--base", choices=sorted(BASES), default="fp32")
+    again.add_argument("--methods", nargs="+", choices=list(METHODS), default=["full-backprop", "lcsb:4:suffix"])
+    again.add_argument("--train-size", type=int, default=120)
     args = parser.parse_args()
-    run_grid(args) if args.verb == "run" else report(args)
+    {"run": run_grid, "report": report, "spare": spare}[args.verb](args)
 
 
 if __name__ == "__main__":
