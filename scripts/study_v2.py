@@ -171,7 +171,7 @@ def spare(args) -> None:
             lcsb("eval", str(run), "--output", str(run / "spare"), *data["spare"])
         result = json.loads((run / "spare" / "eval.json").read_text())
         score = result.get("accuracy", result.get("exact_match"))
-        cells = [name, f"{rate:g}", f"{read_run(run)['final']:.3f}", f"{result['loss']:.3f}"]
+        cells = [name, run.name.removeprefix("lr-"), f"{read_run(run)['final']:.3f}", f"{result['loss']:.3f}"]
         cells += ["" if score is None else f"{score:.3f}", str(result["n"])]
         print("| " + " | ".join(cells) + " |")
 
