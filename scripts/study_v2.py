@@ -19,6 +19,7 @@ import json
 import statistics
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -158,6 +159,11 @@ def spare(args) -> None:
     """Each method's run at its chosen rate (lowest validation loss) evaluated once more, on the spare training
     examples (never trained on): a second, larger held-out set for the final comparison."""
     study = Path(args.out) / f"{args.task}-{args.base}"
+    with tempfile.TemporaryDirectory() as scratch:
+        split_data(args.task, Path(scratch), args.train_size)
+        for path in (study / "data").glob("train*"):
+            if path.read_bytes() != (Path(scratch) / path.name).read_bytes():
+                raise SystemExit(f"{study}: its runs trained on another split than --train-size {args.train_size}")
     data, _ = split_data(args.task, study / "data", args.train_size)
     print("| method | rate | held-out final | spare: loss | spare: accuracy or exact match | spare: n |")
     print("|" + " --- |" * 6)

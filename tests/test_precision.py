@@ -142,13 +142,24 @@ def test_a_shared_cast_is_reused_only_for_the_same_unchanged_tensor_and_dies_wit
         assert cast_once(layer, (x,))[0] is first
         assert cast_once(layer, (x.clone(),))[0] is not first
         (again,) = cast_once(layer, (x,))
+        x.mul_(2)
+        (changed,) = cast_once(layer, (x,))
+        assert changed is not again and torch.equal(changed, (x * 1).to(torch.bfloat16))
         with torch.no_grad():
             assert cast_once(layer, (x,))[0].grad_fn is None
-        x.mul_(2)
-        assert torch.equal(cast_once(layer, (x,))[0], (x * 1).to(torch.bfloat16))
         assert cast_once(layer, (x.to(torch.bfloat16),)) is None
-    del x, first, again
+        with torch.inference_mode():
+            assert cast_once(layer, (torch.randn(3, 4),)) is None
+    del x, first, again, changed
     assert cast_once.cast is None
+
+
+@pytest.mark.parametrize("setting", ["lora.dropout=0.1", "lora.backward=mesp"])
+def test_lora_layers_with_dropout_or_their_own_backward_keep_autocasts_own_casts(setting):
+    """Dropout on a shared bf16 cast would round twice; mesp's fp32 backward needs its fp32 input."""
+    ids = torch.randint(0, 100, (2, 7))
+    _, model = _trainer("method=full-backprop", "train.autocast=bf16", setting)
+    assert _hidden_casts(model.eval(), ids)[0] == 11 * model.config.num_hidden_layers + 1
 
 
 def _loss_and_lora_grads(model, ids, autocast):
