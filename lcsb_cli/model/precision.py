@@ -78,7 +78,7 @@ class _CastOnce:
         dtype = torch.get_autocast_dtype(device)
         if self.source() is not x or self.key != (x._version, torch.is_grad_enabled(), dtype, self.cast._version):
             self.source, self.cast = weakref.ref(x, self._forget), x.to(dtype)
-        self.key = (x._version, torch.is_grad_enabled(), dtype, self.cast._version)
+            self.key = (x._version, torch.is_grad_enabled(), dtype, self.cast._version)
         return (self.cast, *args[1:])
 
     def _forget(self, source: weakref.ref) -> None:
