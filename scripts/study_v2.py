@@ -5,6 +5,7 @@ loss along each run, the rate chosen on a validation split carved from the train
         [--train-size 120] [--seed 0] [--base fp32|nf4|gguf]
     python scripts/study_v2.py report OUT [--times BENCH_JSON]      # OUT/report.md and OUT/TASK-BASE-time.png
     python scripts/study_v2.py spare OUT --task lamp2 [--methods NAME ...]   # chosen runs on the unused examples
+    python scripts/study_v2.py moves OUT --task lamp2 --rate 1e-3 [--methods NAME ...]  # how far each block moved
 
 `run` skips runs that already finished, so an interrupted study continues. Every number comes from `lcsb train` and
 `lcsb eval`. `--times` takes step times from one interleaved `lcsb bench` (its methods' labels as below) instead of
@@ -182,6 +183,38 @@ def spare(args) -> None:
         print("| " + " | ".join(cells) + " |")
 
 
+def moves(args) -> None:
+    """How far each block's LoRA moved: the norm of scale * B @ A over the block's layers, each method's run at one
+    rate, and its ratio to full backprop's (the same blocks as `lcsb.blocks: 4`)."""
+    from safetensors.torch import load_file
+
+    from lcsb_cli.selective import partition
+
+    study = Path(args.out) / f"{args.task}-{args.base}"
+    norms = {}
+    for name in args.methods:
+        run = finished(study, name).get(float(args.rate))
+        if run is None:
+            continue
+        config = json.loads((run / "adapter" / "adapter_config.json").read_text())
+        weights = load_file(run / "adapter" / "adapter_model.safetensors")
+        squares = {}
+        for key, a in weights.items():
+            if ".lora_A." in key:
+                layer = int(key.split(".layers.")[1].split(".")[0])
+                delta = config["lora_alpha"] / config["r"] * weights[key.replace(".lora_A.", ".lora_B.")] @ a
+                squares[layer] = squares.get(layer, 0.0) + delta.pow(2).sum().item()
+        blocks = partition(max(squares) + 1, 4)
+        norms[name] = [sum(squares[layer] for layer in block) ** 0.5 for block in blocks]
+    full = norms.get("full-backprop")
+    print("| method | rate | block 1 (bottom) | block 2 | block 3 | block 4 (top) |")
+    print("|" + " --- |" * 6)
+    for name, blocks in norms.items():
+        shown = full and name != "full-backprop"
+        cells = [f"{n:.2f}" + (f" ({n / f:.2f}x)" if shown else "") for n, f in zip(blocks, full or blocks)]
+        print(f"| {name} | {args.rate} | " + " | ".join(cells) + " |")
+
+
 def loss_at(curve: list[tuple[float, float]], t: float) -> float:
     """The held-out loss at time t, linear between evaluations (the last one beyond the curve)."""
     for (t0, l0), (t1, l1) in itertools.pairwise(curve):
@@ -279,8 +312,14 @@ def main() -> None:
     again.add_argument("--base", choices=sorted(BASES), default="fp32")
     again.add_argument("--methods", nargs="+", choices=list(METHODS), default=["full-backprop", "lcsb:4:suffix"])
     again.add_argument("--train-size", type=int, default=120)
+    moved = verbs.add_parser("moves")
+    moved.add_argument("out")
+    moved.add_argument("--task", choices=sorted(RECIPES), required=True)
+    moved.add_argument("--base", choices=sorted(BASES), default="fp32")
+    moved.add_argument("--rate", required=True)
+    moved.add_argument("--methods", nargs="+", choices=list(METHODS), default=list(METHODS))
     args = parser.parse_args()
-    {"run": run_grid, "report": report, "spare": spare}[args.verb](args)
+    {"run": run_grid, "report": report, "spare": spare, "moves": moves}[args.verb](args)
 
 
 if __name__ == "__main__":
