@@ -6,6 +6,8 @@ loss along each run, the rate chosen on a validation split carved from the train
     python scripts/study_v2.py report OUT [--times BENCH_JSON]      # OUT/report.md and OUT/TASK-BASE-time.png
     python scripts/study_v2.py spare OUT --task lamp2 [--methods NAME ...]   # chosen runs on the unused examples
     python scripts/study_v2.py moves OUT --task lamp2 --rate 1e-3 [--methods NAME ...]  # how far each block moved
+    python scripts/study_v2.py seeds OUT OUT_SEED1 ... --task lamp2 [--times BENCH_JSON]  # a method against full
+        # backprop over seeds at the rates the first OUT's validation chose: final, best, spare, equal time
 
 `run` skips runs that already finished, so an interrupted study continues. Every number comes from `lcsb train` and
 `lcsb eval`. `--times` takes step times from one interleaved `lcsb bench` (its methods' labels as below) instead of
@@ -169,11 +171,9 @@ def spare(args) -> None:
     print("| method | rate | held-out final | spare: loss | spare: accuracy or exact match | spare: n |")
     print("|" + " --- |" * 6)
     for name in args.methods:
-        runs = finished(study, name)
-        if not runs:
+        run = chosen_run(study, name)
+        if run is None:
             continue
-        rate = min(runs, key=lambda r: json.loads((runs[r] / "val" / "eval.json").read_text())["loss"])
-        run = runs[rate]
         if not (run / "spare" / "eval.json").is_file():
             lcsb("eval", str(run), "--output", str(run / "spare"), *data["spare"])
         result = json.loads((run / "spare" / "eval.json").read_text())
@@ -215,6 +215,69 @@ def moves(args) -> None:
         print(f"| {name} | {args.rate} | " + " | ".join(cells) + " |")
 
 
+def seeds(args) -> None:
+    """`--method` against full backprop, one row per study directory (a seed), each at the rate the first
+    directory's validation chose, and the mean over them: the gap of the means and the mean of the per-seed gaps
+    with its standard error."""
+    times = bench_times(args.times)
+    gaps: dict[str, list[float]] = {"final": [], "best": [], "spare": [], "equal time": []}
+    means: dict[str, list[tuple[float, float]]] = {key: [] for key in gaps}
+    print(
+        f"| seed dir | full backprop: final / best / spare | {args.method}: final / best / spare | gaps: final, "
+        "best, spare, equal time |"
+    )
+    print("|" + " --- |" * 4)
+    first = Path(args.outs[0]) / f"{args.task}-{args.base}"
+    rates = {name: chosen_run(first, name) for name in ("full-backprop", args.method)}
+    if None in rates.values():
+        raise SystemExit(f"{first}: no finished run of full-backprop and {args.method} to take the rates from")
+    for out in args.outs:
+        study = Path(out) / f"{args.task}-{args.base}"
+        full, other = (study / run_dir_name(name) / rates[name].name for name in ("full-backprop", args.method))
+        if not (full / "val" / "eval.json").is_file() or not (other / "val" / "eval.json").is_file():
+            continue
+        pair = {name: read_run(run) | {"spare": spare_loss(run)} for name, run in (("full", full), ("other", other))}
+        values = {key: (pair["full"][key], pair["other"][key]) for key in ("final", "best", "spare")}
+        if times:
+            end = pair["other"]["curve"][-1][0] * times[args.method]
+            timed = [(step * times["full-backprop"], loss) for step, loss in pair["full"]["curve"]]
+            values["equal time"] = (loss_at(timed, end), pair["other"]["final"])
+        for key, (f, o) in values.items():
+            if f is not None and o is not None:
+                gaps[key].append(o / f - 1)
+                means[key].append((f, o))
+        cells = [
+            " / ".join("-" if pair[n][k] is None else f"{pair[n][k]:.3f}" for k in ("final", "best", "spare"))
+            for n in ("full", "other")
+        ]
+        shown = ", ".join(
+            f"{key} {values[key][1] / values[key][0] - 1:+.1%}" for key in values if None not in values[key]
+        )
+        print(f"| {out} | {cells[0]} | {cells[1]} | {shown} |")
+    print()
+    for key, values in gaps.items():
+        if values:
+            f, o = (statistics.fmean(v) for v in zip(*means[key]))
+            error = statistics.stdev(values) / len(values) ** 0.5 if len(values) > 1 else float("nan")
+            print(
+                f"{key}: {o:.3f} against {f:.3f} ({o / f - 1:+.1%}) over {len(values)} seeds; per-seed gaps "
+                f"{statistics.fmean(values):+.1%} +- {error:.1%} (standard error)"
+            )
+
+
+def chosen_run(study: Path, name: str) -> Path | None:
+    """The method's finished run with the lowest validation loss."""
+    runs = finished(study, name)
+    if not runs:
+        return None
+    return runs[min(runs, key=lambda r: json.loads((runs[r] / "val" / "eval.json").read_text())["loss"])]
+
+
+def spare_loss(run: Path) -> float | None:
+    path = run / "spare" / "eval.json"
+    return json.loads(path.read_text())["loss"] if path.is_file() else None
+
+
 def loss_at(curve: list[tuple[float, float]], t: float) -> float:
     """The held-out loss at time t, linear between evaluations (the last one beyond the curve)."""
     for (t0, l0), (t1, l1) in itertools.pairwise(curve):
@@ -223,16 +286,20 @@ def loss_at(curve: list[tuple[float, float]], t: float) -> float:
     return curve[-1][1]
 
 
+def bench_times(path: str | None) -> dict[str, float]:
+    """Method label -> median step time, from one interleaved `lcsb bench` (its bench.json); none without it."""
+    if not path:
+        return {}
+    return {m["name"]: m["median_step_time_s"] for m in json.loads(Path(path).read_text())["methods"]}
+
+
 def time_to(curve: list[tuple[float, float]], target: float) -> float | None:
     return next((t for t, loss in curve if loss <= target), None)
 
 
 def report(args) -> None:
     out = Path(args.out)
-    times = {}
-    if args.times:
-        bench = json.loads(Path(args.times).read_text())
-        times = {m["name"]: m["median_step_time_s"] for m in bench["methods"]}
+    times = bench_times(args.times)
     lines = []
     for study in sorted(p for p in out.iterdir() if (p / "data").is_dir()):
         best = {}
@@ -318,8 +385,14 @@ def main() -> None:
     moved.add_argument("--base", choices=sorted(BASES), default="fp32")
     moved.add_argument("--rate", required=True)
     moved.add_argument("--methods", nargs="+", choices=list(METHODS), default=list(METHODS))
+    over = verbs.add_parser("seeds")
+    over.add_argument("outs", nargs="+")
+    over.add_argument("--task", choices=sorted(RECIPES), required=True)
+    over.add_argument("--base", choices=sorted(BASES), default="fp32")
+    over.add_argument("--method", choices=list(METHODS), default="lcsb:4:suffix")
+    over.add_argument("--times")
     args = parser.parse_args()
-    {"run": run_grid, "report": report, "spare": spare, "moves": moves}[args.verb](args)
+    {"run": run_grid, "report": report, "spare": spare, "moves": moves, "seeds": seeds}[args.verb](args)
 
 
 if __name__ == "__main__":
