@@ -184,28 +184,11 @@ def spare(args) -> None:
 
 
 def moves(args) -> None:
-    """How far each block's LoRA moved: the norm of scale * B @ A over the block's layers, each method's run at one
-    rate, and its ratio to full backprop's (the same blocks as `lcsb.blocks: 4`)."""
-    from safetensors.torch import load_file
-
-    from lcsb_cli.selective import partition
-
+    """How far each block's LoRA moved (`block_moves`), each method's run at one rate, and its ratio to full
+    backprop's."""
     study = Path(args.out) / f"{args.task}-{args.base}"
-    norms = {}
-    for name in args.methods:
-        run = finished(study, name).get(float(args.rate))
-        if run is None:
-            continue
-        config = json.loads((run / "adapter" / "adapter_config.json").read_text())
-        weights = load_file(run / "adapter" / "adapter_model.safetensors")
-        squares = {}
-        for key, a in weights.items():
-            if ".lora_A." in key:
-                layer = int(key.split(".layers.")[1].split(".")[0])
-                delta = config["lora_alpha"] / config["r"] * weights[key.replace(".lora_A.", ".lora_B.")] @ a
-                squares[layer] = squares.get(layer, 0.0) + delta.pow(2).sum().item()
-        blocks = partition(max(squares) + 1, 4)
-        norms[name] = [sum(squares[layer] for layer in block) ** 0.5 for block in blocks]
+    runs = {name: finished(study, name).get(float(args.rate)) for name in args.methods}
+    norms = {name: block_moves(run) for name, run in runs.items() if run is not None}
     full = norms.get("full-backprop")
     print("| method | rate | block 1 (bottom) | block 2 | block 3 | block 4 (top) |")
     print("|" + " --- |" * 6)
@@ -213,6 +196,25 @@ def moves(args) -> None:
         shown = full and name != "full-backprop"
         cells = [f"{n:.2f}" + (f" ({n / f:.2f}x)" if shown else "") for n, f in zip(blocks, full or blocks)]
         print(f"| {name} | {args.rate} | " + " | ".join(cells) + " |")
+
+
+def block_moves(run: Path, num_blocks: int = 4) -> list[float]:
+    """The norm of the run's adapter update, scale * B @ A, over each block's layers (blocks as `lcsb.blocks`
+    splits them)."""
+    from safetensors.torch import load_file
+
+    from lcsb_cli.selective import partition
+
+    config = json.loads((run / "adapter" / "adapter_config.json").read_text())
+    weights = load_file(run / "adapter" / "adapter_model.safetensors")
+    squares: dict[int, float] = {}
+    for key, a in weights.items():
+        if ".lora_A." in key:
+            layer = int(key.split(".layers.")[1].split(".")[0])
+            delta = config["lora_alpha"] / config["r"] * weights[key.replace(".lora_A.", ".lora_B.")] @ a
+            squares[layer] = squares.get(layer, 0.0) + delta.pow(2).sum().item()
+    blocks = partition(max(squares) + 1, num_blocks)
+    return [sum(squares.get(layer, 0.0) for layer in block) ** 0.5 for block in blocks]
 
 
 def seeds(args) -> None:
