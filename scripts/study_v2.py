@@ -222,49 +222,51 @@ def seeds(args) -> None:
     directory's validation chose, and the mean over them: the gap of the means and the mean of the per-seed gaps
     with its standard error."""
     times = bench_times(args.times)
-    gaps: dict[str, list[float]] = {"final": [], "best": [], "spare": [], "equal time": []}
-    means: dict[str, list[tuple[float, float]]] = {key: [] for key in gaps}
-    print(
-        f"| seed dir | full backprop: final / best / spare | {args.method}: final / best / spare | gaps: final, "
-        "best, spare, equal time |"
-    )
-    print("|" + " --- |" * 4)
     first = Path(args.outs[0]) / f"{args.task}-{args.base}"
     rates = {name: chosen_run(first, name) for name in ("full-backprop", args.method)}
     if None in rates.values():
         raise SystemExit(f"{first}: no finished run of full-backprop and {args.method} to take the rates from")
+    print(f"| seed dir | full backprop: final / best / spare | {args.method}: final / best / spare | gaps |")
+    print("|" + " --- |" * 4)
+    pairs: dict[str, list[tuple[float, float]]] = {}
     for out in args.outs:
         study = Path(out) / f"{args.task}-{args.base}"
         full, other = (study / run_dir_name(name) / rates[name].name for name in ("full-backprop", args.method))
-        if not (full / "val" / "eval.json").is_file() or not (other / "val" / "eval.json").is_file():
-            continue
-        pair = {name: read_run(run) | {"spare": spare_loss(run)} for name, run in (("full", full), ("other", other))}
-        values = {key: (pair["full"][key], pair["other"][key]) for key in ("final", "best", "spare")}
-        if times:
-            end = pair["other"]["curve"][-1][0] * times[args.method]
-            timed = [(step * times["full-backprop"], loss) for step, loss in pair["full"]["curve"]]
-            values["equal time"] = (loss_at(timed, end), pair["other"]["final"])
-        for key, (f, o) in values.items():
-            if f is not None and o is not None:
-                gaps[key].append(o / f - 1)
-                means[key].append((f, o))
-        cells = [
-            " / ".join("-" if pair[n][k] is None else f"{pair[n][k]:.3f}" for k in ("final", "best", "spare"))
-            for n in ("full", "other")
-        ]
-        shown = ", ".join(
-            f"{key} {values[key][1] / values[key][0] - 1:+.1%}" for key in values if None not in values[key]
-        )
-        print(f"| {out} | {cells[0]} | {cells[1]} | {shown} |")
-    print()
-    for key, values in gaps.items():
-        if values:
-            f, o = (statistics.fmean(v) for v in zip(*means[key]))
-            error = statistics.stdev(values) / len(values) ** 0.5 if len(values) > 1 else float("nan")
-            print(
-                f"{key}: {o:.3f} against {f:.3f} ({o / f - 1:+.1%}) over {len(values)} seeds; per-seed gaps "
-                f"{statistics.fmean(values):+.1%} +- {error:.1%} (standard error)"
+        if (full / "val" / "eval.json").is_file() and (other / "val" / "eval.json").is_file():
+            values = compare(
+                read_run(full) | {"spare": spare_loss(full)},
+                read_run(other) | {"spare": spare_loss(other)},
+                times,
+                args.method,
             )
+            for key, pair in values.items():
+                pairs.setdefault(key, []).append(pair)
+            cells = [
+                " / ".join("-" if v is None else f"{v:.3f}" for v in column)
+                for column in zip(*(values.get(key, (None, None)) for key in ("final", "best", "spare")))
+            ]
+            gaps = ", ".join(f"{key} {o / f - 1:+.1%}" for key, (f, o) in values.items())
+            print(f"| {out} | {cells[0]} | {cells[1]} | {gaps} |")
+    print()
+    for key, values in pairs.items():
+        f, o = (statistics.fmean(column) for column in zip(*values))
+        gaps = [o_ / f_ - 1 for f_, o_ in values]
+        error = statistics.stdev(gaps) / len(gaps) ** 0.5 if len(gaps) > 1 else float("nan")
+        print(
+            f"{key}: {o:.3f} against {f:.3f} ({o / f - 1:+.1%}) over {len(gaps)} seeds; per-seed gaps "
+            f"{statistics.fmean(gaps):+.1%} +- {error:.1%} (standard error)"
+        )
+
+
+def compare(full: dict, other: dict, times: dict[str, float], method: str) -> dict[str, tuple[float, float]]:
+    """(full backprop's, the method's) held-out loss: final, best along the run, on the spare set where it was
+    evaluated, and at equal time (full backprop's curve where the method's run ends) where a bench timed both."""
+    values = {key: (full[key], other[key]) for key in ("final", "best", "spare") if None not in (full[key], other[key])}
+    if times:
+        end = other["curve"][-1][0] * times[method]
+        timed = [(step * times["full-backprop"], loss) for step, loss in full["curve"]]
+        values["equal time"] = (loss_at(timed, end), other["final"])
+    return values
 
 
 def chosen_run(study: Path, name: str) -> Path | None:
