@@ -6,8 +6,8 @@ loss along each run, the rate chosen on a validation split carved from the train
     python scripts/study_v2.py report OUT [--times BENCH_JSON]      # OUT/report.md and OUT/TASK-BASE-time.png
     python scripts/study_v2.py spare OUT --task lamp2 [--methods NAME ...]   # chosen runs on the unused examples
     python scripts/study_v2.py moves OUT --task lamp2 --rate 1e-3 [--methods NAME ...]  # how far each block moved
-    python scripts/study_v2.py seeds OUT OUT_SEED1 ... --task lamp2 [--times BENCH_JSON]  # a method against full
-        # backprop over seeds at the rates the first OUT's validation chose: final, best, spare, equal time
+    python scripts/study_v2.py seeds OUT OUT_SEED1 ... --task lamp2 [--times BENCH_JSON] [--ckpt-speedup 1.28]
+        # a method against full backprop over seeds at the rates the first OUT's validation chose
 
 `run` skips runs that already finished, so an interrupted study continues. Every number comes from `lcsb train` and
 `lcsb eval`. `--times` takes step times from one interleaved `lcsb bench` (its methods' labels as below) instead of
@@ -246,6 +246,8 @@ def seeds(args) -> None:
                 for column in zip(*(values.get(key, (None, None)) for key in ("final", "best", "spare")))
             ]
             gaps = ", ".join(f"{key} {o / f - 1:+.1%}" for key, (f, o) in values.items())
+            if args.ckpt_speedup:
+                gaps += f", equal memory {equal_memory(read_run(full), read_run(other), args.ckpt_speedup)}"
             print(f"| {out} | {cells[0]} | {cells[1]} | {gaps} |")
     print()
     for key, values in pairs.items():
@@ -267,6 +269,14 @@ def compare(full: dict, other: dict, times: dict[str, float], method: str) -> di
         timed = [(step * times["full-backprop"], loss) for step, loss in full["curve"]]
         values["equal time"] = (loss_at(timed, end), other["final"])
     return values
+
+
+def equal_memory(full: dict, other: dict, speedup: float) -> str:
+    """The method's time to full backprop's final loss x1.02 over full-backprop+ckpt's own time to it (checkpointed
+    full backprop has full backprop's curve, bit for bit), the method `speedup` times as fast a step at equal memory."""
+    target = full["final"] * 1.02
+    reach = [next((step for step, loss in run["curve"] if loss <= target), None) for run in (full, other)]
+    return "never" if reach[1] is None else f"{reach[1] / speedup / reach[0]:.2f}"
 
 
 def chosen_run(study: Path, name: str) -> Path | None:
@@ -395,6 +405,11 @@ def main() -> None:
     over.add_argument("--base", choices=sorted(BASES), default="fp32")
     over.add_argument("--method", choices=list(METHODS), default="lcsb:4:suffix")
     over.add_argument("--times")
+    over.add_argument(
+        "--ckpt-speedup",
+        type=float,
+        help="the method's step-time speedup over full-backprop+ckpt at equal memory, for the time-to-quality ratio",
+    )
     args = parser.parse_args()
     {"run": run_grid, "report": report, "spare": spare, "moves": moves, "seeds": seeds}[args.verb](args)
 

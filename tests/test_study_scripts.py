@@ -50,7 +50,7 @@ def test_seeds_compares_each_seed_at_the_first_directorys_validated_rates(tmp_pa
     first, second = tmp_path / "seed0" / "qa-fp32", tmp_path / "seed1" / "qa-fp32"
     write_run(first / "full-backprop" / "lr-1e-3", 0.5, [2.0, 1.0], 1.2, 2.0)
     write_run(first / "full-backprop" / "lr-3e-3", 0.7, [2.0, 0.1], 0.1, 2.0)
-    write_run(first / "lcsb_4_suffix" / "lr-3e-3", 0.6, [2.0, 1.2], 1.5, 1.0)
+    write_run(first / "lcsb_4_suffix" / "lr-3e-3", 0.6, [1.0, 1.2], 1.5, 1.0)
     write_run(second / "full-backprop" / "lr-1e-3", 0.5, [2.0, 1.0], 1.2, 2.0)
     write_run(second / "lcsb_4_suffix" / "lr-3e-3", 0.6, [2.0, 1.4], 1.2, 1.0)
     # a better-validated rate in the second directory must not replace the first's choice
@@ -72,6 +72,7 @@ def test_seeds_compares_each_seed_at_the_first_directorys_validated_rates(tmp_pa
         base="fp32",
         method="lcsb:4:suffix",
         times=str(bench),
+        ckpt_speedup=2.0,
     )
     study_v2.seeds(args)
     lines = capsys.readouterr().out.splitlines()
@@ -79,4 +80,7 @@ def test_seeds_compares_each_seed_at_the_first_directorys_validated_rates(tmp_pa
     assert "final: 1.300 against 1.000 (+30.0%) over 2 seeds; per-seed gaps +30.0% +- 10.0% (standard error)" in lines
     assert any(line.startswith("spare: 1.350 against 1.200 (+12.5%)") for line in lines)
     # suffix's 10 steps take 10 s; full backprop's curve at 10 s is its step 5: 2.0
+    # equal memory: seed 0's suffix is within 1.02 of full backprop's final at step 5, full backprop at step 10, and a
+    # suffix step takes half a checkpointed one's time; seed 1's never gets there
+    assert lines[2].endswith("equal memory 0.25 |") and lines[3].endswith("equal memory never |")
     assert any(line.startswith("equal time: 1.300 against 2.000 (-35.0%)") for line in lines)
