@@ -233,12 +233,8 @@ def seeds(args) -> None:
         study = Path(out) / f"{args.task}-{args.base}"
         full, other = (study / run_dir_name(name) / rates[name].name for name in ("full-backprop", args.method))
         if (full / "val" / "eval.json").is_file() and (other / "val" / "eval.json").is_file():
-            values = compare(
-                read_run(full) | {"spare": spare_loss(full)},
-                read_run(other) | {"spare": spare_loss(other)},
-                times,
-                args.method,
-            )
+            runs = [read_run(run) | {"spare": spare_loss(run)} for run in (full, other)]
+            values = compare(*runs, times, args.method)
             for key, pair in values.items():
                 pairs.setdefault(key, []).append(pair)
             cells = [
@@ -247,7 +243,7 @@ def seeds(args) -> None:
             ]
             gaps = ", ".join(f"{key} {o / f - 1:+.1%}" for key, (f, o) in values.items())
             if args.ckpt_speedup:
-                gaps += f", equal memory {equal_memory(read_run(full), read_run(other), args.ckpt_speedup)}"
+                gaps += f", equal memory {equal_memory(*runs, args.ckpt_speedup)}"
             print(f"| {out} | {cells[0]} | {cells[1]} | {gaps} |")
     print()
     for key, values in pairs.items():
@@ -275,7 +271,7 @@ def equal_memory(full: dict, other: dict, speedup: float) -> str:
     """The method's time to full backprop's final loss x1.02 over full-backprop+ckpt's own time to it (checkpointed
     full backprop has full backprop's curve, bit for bit), the method `speedup` times as fast a step at equal memory."""
     target = full["final"] * 1.02
-    reach = [next((step for step, loss in run["curve"] if loss <= target), None) for run in (full, other)]
+    reach = [time_to(run["curve"], target) for run in (full, other)]
     return "never" if reach[1] is None else f"{reach[1] / speedup / reach[0]:.2f}"
 
 
