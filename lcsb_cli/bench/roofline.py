@@ -131,7 +131,7 @@ def probe_matmul(shape: ModelShape, tokens: int, seconds: float = 0.5) -> dict:
     counts = Counter(shape.projections().values())
     limits = {}
     for name, dtype in PROBE_DTYPES.items():
-        best = {pair: _best_call(tokens, *pair, dtype, seconds / len(counts)) for pair in counts}
+        best = {pair: best_call(tokens, *pair, dtype, seconds / len(counts)) for pair in counts}
         flops = sum(n * 2 * tokens * fan_in * fan_out for (fan_in, fan_out), n in counts.items())
         limits[name] = flops / sum(n * best[pair] for pair, n in counts.items()) / 1e9
     return {
@@ -144,7 +144,7 @@ def probe_matmul(shape: ModelShape, tokens: int, seconds: float = 0.5) -> dict:
     }
 
 
-def _best_call(tokens: int, fan_in: int, fan_out: int, dtype: torch.dtype, seconds: float) -> float:
+def best_call(tokens: int, fan_in: int, fan_out: int, dtype: torch.dtype, seconds: float) -> float:
     """The fastest of at least two calls (the first pays oneDNN's set-up), repeated while under `seconds`."""
     generator = torch.Generator().manual_seed(0)
     x = torch.randn(tokens, fan_in, generator=generator).to(dtype)
