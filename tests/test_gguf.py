@@ -223,6 +223,29 @@ def test_export_refuses_an_existing_gguf_file(exported):
     assert exported["f16"].read_bytes() == before
 
 
+def test_a_model_dir_named_mistral_exports_and_reads_back(tmp_path):
+    """transformers reads a llama GGUF whose general.name is "mistral" as a Mistral model and fails: the export names
+    its file after the checkpoint dir only in general.basename, which no reader acts on."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    base_dir = models.resolve_base_dir("tiny-qwen2")
+    shape = models.check_causal_lm(base_dir, False).to_dict()
+    keys = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
+    torch.manual_seed(0)
+    LlamaForCausalLM(LlamaConfig(**{key: shape[key] for key in keys})).save_pretrained(tmp_path / "mistral")
+    models.load_tokenizer(base_dir).save_pretrained(tmp_path / "mistral")
+    run_train(tmp_path / "run", f"model.name={tmp_path / 'mistral'}", "train.max_steps=1", "train.lr=0.01")
+    written = export_run(tmp_path / "run", tmp_path / "mistral.gguf", merge=True, fmt="gguf")
+    fields = gguf.GGUFReader(written).fields
+    assert "general.name" not in fields and fields["general.basename"].contents() == "mistral"
+    back = transformers_model(written)
+    assert back.config.model_type == "llama"
+    run = load_recipe(tmp_path / "run" / "config.yaml")
+    merged = models.load_model(run, torch.device("cpu"), tmp_path / "run" / "adapter")
+    ids = merged.tokenizer(PROMPTS[0]).input_ids
+    assert (hf_logits(back, ids) - hf_logits(merged.model.eval(), ids)).abs().max() < 5e-3
+
+
 def test_unsupported_architectures_and_tokenizers_are_named():
     with pytest.raises(BadInput, match="lcsb writes GGUF for llama, mistral, qwen2, qwen3 models, not 'gemma2'"):
         gguf_out.check_exportable("gemma2")

@@ -3,6 +3,8 @@
 A model that came from a GGUF file keeps that file's own metadata (architecture keys, tokenizer, chat template);
 only its tensors and file type are new. A model from an HF checkpoint gets what llama.cpp's converter writes for
 its architecture (the keys below, a byte-level BPE vocabulary with its merges, special tokens and chat template).
+Its checkpoint dir's name goes to `general.basename`, not `general.name`: transformers' GGUF loader reads a llama
+file whose general.name is "mistral" as model_type mistral, so a name lcsb picked could change how it is read.
 """
 
 from __future__ import annotations
@@ -77,7 +79,7 @@ def _write_model_keys(writer, config, name: str) -> None:
             "export --merge --format hf and convert that with llama.cpp"
         )
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    writer.add_name(name)
+    writer.add_basename(name)
     writer.add_context_length(config.max_position_embeddings)
     writer.add_embedding_length(config.hidden_size)
     writer.add_block_count(config.num_hidden_layers)
