@@ -1,6 +1,7 @@
 """lcsb's torch dequantizers against the gguf package's numpy reference, bit for bit: random blocks of every
 supported block format, then the first rows of every supported tensor of two real files (SmolLM2's Q4_1 and
-Gemma 3 270M's Q4_K_M)."""
+Gemma 3 270M's Q4_K_M; test_gguf_families.py adds the Q2_K, Q3_K, IQ4_NL and IQ4_XS files llama.cpp's quantizer
+makes)."""
 
 from __future__ import annotations
 
@@ -23,9 +24,13 @@ F16_FIELDS = {
     T.Q5_0: (0,),
     T.Q5_1: (0, 2),
     T.Q8_0: (0,),
+    T.Q2_K: (80, 82),
+    T.Q3_K: (108,),
     T.Q4_K: (0, 2),
     T.Q5_K: (0, 2),
     T.Q6_K: (208,),
+    T.IQ4_NL: (0,),
+    T.IQ4_XS: (0,),
 }
 # a real file's tensors are compared on their first rows only (the block layout is the same in every row), which
 # keeps each file to a few seconds: the embeddings have 49,152 and 262,144 rows
@@ -49,6 +54,7 @@ def reference(data: np.ndarray, qtype: T, shape: tuple[int, int]) -> torch.Tenso
 
 
 def test_every_block_format_is_bit_identical_to_the_reference():
+    assert set(F16_FIELDS) == gguf_quants.SUPPORTED - {T.F32, T.F16, T.BF16}
     for qtype in F16_FIELDS:
         block_size = gguf.GGML_QUANT_SIZES[qtype][0]
         for rows, cols in ((1, block_size), (1, 3 * block_size), (7, 2 * block_size), (64, 4 * block_size)):

@@ -19,6 +19,8 @@ K_SCALES = slice(4, 16)
 # row b: bits 0..7 of byte b, each moved to bit 4; Q5_0 / Q5_1 expand their 4 qh bytes with one gather of these rows,
 # several times faster than 8 shift passes over so narrow a slice
 HIGH_BITS = ((torch.arange(256, dtype=torch.uint8).unsqueeze(1) >> torch.arange(8, dtype=torch.uint8)) & 1) << 4
+# IQ4_NL / IQ4_XS: the 16 non-linear levels a 4-bit index stands for (gguf's `IQ4_NL.kvalues`)
+IQ4_LEVELS = torch.tensor(gguf.quants.IQ4_NL.kvalues, dtype=torch.float32)
 
 
 def _f16(blocks: torch.Tensor, start: int) -> torch.Tensor:
@@ -104,6 +106,46 @@ def _q6_k(blocks: torch.Tensor) -> torch.Tensor:
     return q.float().unflatten(1, (16, 16)).mul_(scale).flatten(1)
 
 
+def _q2_k(blocks: torch.Tensor) -> torch.Tensor:
+    """16 sub-blocks of 16 two-bit values: (d * scale) * q - dmin * min, each 4-bit scale and min in one byte."""
+    scales = blocks[:, :16]
+    q = _bit_planes(blocks[:, 16:80].unflatten(1, (2, 32)), 2, 0).flatten(1).unflatten(1, (16, 16))
+    scale = (_f16(blocks, 80) * (scales & 0x0F).float()).unsqueeze(-1)
+    offset = (_f16(blocks, 82) * (scales >> 4).float()).unsqueeze(-1)
+    return q.float().mul_(scale).sub_(offset).flatten(1)
+
+
+def _q3_k(blocks: torch.Tensor) -> torch.Tensor:
+    """16 sub-blocks of 16 values: two low bits, minus 4 where the high-bit mask is 0, times d * (6-bit scale - 32)."""
+    low = _bit_planes(blocks[:, 32:96].unflatten(1, (2, 32)), 2, 0).flatten(1)
+    minus_four = _bit_planes(~blocks[:, :32], 1, 2).flatten(1)
+    q = (low.view(torch.int8) - minus_four.view(torch.int8)).unflatten(1, (16, 16))
+    packed = blocks[:, 96:108]
+    scales = torch.cat((packed[:, :8] & 0x0F, packed[:, :8] >> 4), dim=1)
+    scales |= _bit_planes(packed[:, 8:12], 2, 4).flatten(1)
+    scale = (_f16(blocks, 108) * (scales.view(torch.int8) - 32).float()).unsqueeze(-1)
+    return q.float().mul_(scale).flatten(1)
+
+
+def _iq4_levels(q: torch.Tensor) -> torch.Tensor:
+    """The float32 level of each 4-bit index in q (uint8, any shape)."""
+    return IQ4_LEVELS.to(q.device).index_select(0, q.flatten().int()).view(q.shape)
+
+
+def _iq4_nl(blocks: torch.Tensor) -> torch.Tensor:
+    return _iq4_levels(_nibbles(blocks, 2, 18, 16).flatten(1)).mul_(_f16(blocks, 0))
+
+
+def _iq4_xs(blocks: torch.Tensor) -> torch.Tensor:
+    """8 sub-blocks of 32 levels, each scaled by d * (6-bit scale - 32): low 4 bits from bytes 4:8 (two per byte),
+    high 2 bits from the 16-bit word at bytes 2:4."""
+    low = torch.stack((blocks[:, 4:8] & 0x0F, blocks[:, 4:8] >> 4), dim=2).flatten(1)
+    high = _bit_planes(blocks[:, 2:4], 2, 4).transpose(1, 2).flatten(1)
+    scale = (_f16(blocks, 0) * ((low | high).view(torch.int8) - 32).float()).unsqueeze(-1)
+    levels = _iq4_levels(_nibbles(blocks, 8, 136, 16).flatten(1)).unflatten(1, (8, 32))
+    return levels.mul_(scale).flatten(1)
+
+
 DEQUANTIZERS = {
     T.F32: lambda blocks: blocks.view(torch.float32).clone(),
     T.F16: lambda blocks: blocks.view(torch.float16).float(),
@@ -113,9 +155,13 @@ DEQUANTIZERS = {
     T.Q5_0: _q5_0,
     T.Q5_1: _q5_1,
     T.Q8_0: _q8_0,
+    T.Q2_K: _q2_k,
+    T.Q3_K: _q3_k,
     T.Q4_K: _q4_k,
     T.Q5_K: _q5_k,
     T.Q6_K: _q6_k,
+    T.IQ4_NL: _iq4_nl,
+    T.IQ4_XS: _iq4_xs,
 }
 SUPPORTED = frozenset(DEQUANTIZERS)
 
