@@ -10,7 +10,7 @@ import yaml
 
 from .errors import BadInput
 from .host import choose_autocast, native_bf16_flag
-from .recipe_schema import DataConfig, Recipe
+from .recipe_schema import ALL_LINEAR, DataConfig, Recipe
 from .recipe_yaml import apply_override, build, choices_of, fields_of, resolve_paths
 from .window import parse_window
 
@@ -116,6 +116,8 @@ def validate(recipe: Recipe) -> None:
     _validate_best(recipe.train)
     if not recipe.lora.targets:
         raise BadInput("lora.targets: name at least one module, e.g. [q_proj, v_proj]")
+    if ALL_LINEAR in recipe.lora.targets and len(recipe.lora.targets) > 1:
+        raise BadInput(f"lora.targets: {ALL_LINEAR} already names every linear layer; give it alone or list names")
     if recipe.data.format in DATA_FILES:
         _validate_data_file(recipe.data)
     elif recipe.data.train is None and recipe.data.user is None:

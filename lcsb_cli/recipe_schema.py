@@ -8,7 +8,9 @@ from typing import Literal
 
 from .selective.choices import IDLE_UPDATES, LR_SCALES, ON_RETURN, SCHEDULES, UPPER_PATHS
 
-LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+# lora.targets' default: peft's rule, every linear layer but the LM head (Qwen2, Llama, Gemma 3: q/k/v/o_proj and
+# gate/up/down_proj; Phi-3: qkv_proj, o_proj, gate_up_proj, down_proj)
+ALL_LINEAR = "all-linear"
 # data/formats.py implements each (a test checks)
 FORMATS = ("lamp2", "jsonl", "text", "completion", "chat")
 # methods.py implements each (a test checks)
@@ -46,7 +48,12 @@ class LoraConfig:
     rank: int = key(16, "LoRA rank r", min=1)
     alpha: float = key(32.0, "LoRA scaling alpha (the update is scaled by alpha / r)")
     dropout: float = key(0.0, "dropout on the LoRA input", min=0.0)
-    targets: list[str] = key(None, "the linear layers that get adapters", factory=lambda: list(LORA_TARGETS))
+    targets: list[str] = key(
+        None,
+        "the linear layers that get adapters: all-linear (every one but the LM head) or their names, e.g. "
+        "[q_proj, v_proj]",
+        factory=lambda: [ALL_LINEAR],
+    )
     backward: Literal["autograd", "mesp"] = key(
         "autograd", "autograd: peft's layers | mesp: saves only x and recomputes xA in backward"
     )

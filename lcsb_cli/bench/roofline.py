@@ -21,8 +21,11 @@ from ..host import choose_autocast, host_kind
 from ..methods import METHODS, Plan
 from ..model.shape import LayerShape
 from ..recipe import Recipe
+from ..recipe_schema import ALL_LINEAR
 
 QKV = ("q_proj", "k_proj", "v_proj")
+# the decoder layer's linear layers: what lora.targets' all-linear adapts in the families this shape describes
+PROJECTIONS = (*QKV, "o_proj", "gate_proj", "up_proj", "down_proj")
 PROBE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
@@ -41,7 +44,7 @@ class ModelShape(LayerShape):
             layers=config.num_hidden_layers,
             vocab=config.vocab_size,
             lora_rank=recipe.lora.rank,
-            lora_targets=tuple(recipe.lora.targets),
+            lora_targets=PROJECTIONS if recipe.lora.targets == [ALL_LINEAR] else tuple(recipe.lora.targets),
         )
 
     def projections(self) -> dict[str, tuple[int, int]]:

@@ -20,6 +20,7 @@ from .. import atomic
 from ..errors import BadInput
 from ..paths import CONFIGS_DIR, cache_root
 from ..recipe import Recipe
+from ..recipe_schema import ALL_LINEAR
 from . import gguf_in, memory, streamed
 
 PRESET_DIR = CONFIGS_DIR / "models"
@@ -301,12 +302,15 @@ def load_model(recipe: Recipe, device: torch.device, adapter: Path | None = None
             raise BadInput(f"--adapter: {adapter} is not a PEFT adapter dir (no adapter_config.json)")
         peft_model = PeftModel.from_pretrained(model, adapter, is_trainable=True)
     else:
-        _check_targets(model, recipe.lora.targets)
+        targets = recipe.lora.targets
+        if targets != [ALL_LINEAR]:
+            _check_targets(model, targets)
         lora = LoraConfig(
             r=recipe.lora.rank,
             lora_alpha=recipe.lora.alpha,
             lora_dropout=recipe.lora.dropout,
-            target_modules=list(recipe.lora.targets),
+            # peft's own rule for all-linear: every nn.Linear (and 4/8-bit Linear) but the output embedding
+            target_modules=ALL_LINEAR if targets == [ALL_LINEAR] else list(targets),
             task_type="CAUSAL_LM",
         )
         if recipe.lora.backward == "mesp":
