@@ -13,6 +13,7 @@ import pytest
 import torch
 from gguf_readers import LlamaCpp, hf_greedy, hf_logits, transformers_model, transformers_tokenizer
 from helpers import LAMP2, REPO, assert_one_line_error, cli, run_train
+from tiny_families import tiny_model
 
 from lcsb_cli.errors import BadInput
 from lcsb_cli.evaluate import run_eval
@@ -246,8 +247,28 @@ def test_a_model_dir_named_mistral_exports_and_reads_back(tmp_path):
     assert (hf_logits(back, ids) - hf_logits(merged.model.eval(), ids)).abs().max() < 5e-3
 
 
+def test_a_phi3_gguf_reads_in_llama_cpp_as_in_transformers(tmp_path):
+    """Phi-3's fused qkv_proj and gate_up_proj written as they are, and its partial rotation (Phi-4-mini's 3/4 of
+    each head) as the rope dimension count: attention sharpened (qkv_proj x 8) so the rotation shows in the logits."""
+    from transformers import Phi3ForCausalLM
+
+    config = tiny_model("phi3").config
+    config.rope_parameters["partial_rotary_factor"] = 0.75
+    torch.manual_seed(0)
+    model = Phi3ForCausalLM(config).eval()
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.qkv_proj.weight.mul_(8)
+    gguf_out.write_gguf(model, models.resolve_base_dir("tiny-qwen2"), tmp_path / "phi3.gguf", "f16", None)
+    fields = gguf.GGUFReader(tmp_path / "phi3.gguf").fields
+    assert fields["phi3.rope.dimension_count"].contents() == 12
+    ids = list(range(5, 60))
+    with LlamaCpp(tmp_path / "phi3.gguf") as llama:
+        assert (llama.logits(ids) - hf_logits(model, ids)).abs().max() < 5e-3
+
+
 def test_unsupported_architectures_and_tokenizers_are_named():
-    with pytest.raises(BadInput, match="lcsb writes GGUF for llama, mistral, qwen2, qwen3 models, not 'gemma2'"):
+    with pytest.raises(BadInput, match="lcsb writes GGUF for llama, mistral, phi3, qwen2, qwen3 models, not 'gemma2'"):
         gguf_out.check_exportable("gemma2")
     unigram = {"model": {"type": "Unigram"}, "pre_tokenizer": {"type": "Metaspace"}}
     with pytest.raises(BadInput, match="byte-level BPE"):

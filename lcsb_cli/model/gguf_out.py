@@ -5,6 +5,8 @@ only its tensors and file type are new. A model from an HF checkpoint gets what 
 its architecture (the keys below, a byte-level BPE vocabulary with its merges, special tokens and chat template).
 Its checkpoint dir's name goes to `general.basename`, not `general.name`: transformers' GGUF loader reads a llama
 file whose general.name is "mistral" as model_type mistral, so a name lcsb picked could change how it is read.
+Phi-3's fused projections (qkv_proj, gate_up_proj) are llama.cpp's attn_qkv and ffn_up as they are: same row order
+(q, k, v; gate, up) and no rotary permutation.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from ..errors import BadInput
 
 OUTTYPES = ("f16", "bf16", "q8_0")
 # HF model_type -> GGUF
-ARCHITECTURES = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
+ARCHITECTURES = {"llama": "llama", "mistral": "llama", "phi3": "phi3", "qwen2": "qwen2", "qwen3": "qwen3"}
 # llama.cpp stores these archs' q/k rows with the rotary halves interleaved
 ROTARY_INTERLEAVED = {"llama"}
 # a byte-level BPE's split regex -> llama.cpp's tokenizer.ggml.pre (a plain ByteLevel split is "gpt-2")
@@ -88,7 +90,10 @@ def _write_model_keys(writer, config, name: str) -> None:
     writer.add_head_count_kv(config.num_key_value_heads)
     writer.add_rope_freq_base(rope["rope_theta"])
     writer.add_layer_norm_rms_eps(config.rms_norm_eps)
-    writer.add_rope_dimension_count(head_dim)
+    writer.add_rope_dimension_count(int(head_dim * rope.get("partial_rotary_factor", 1.0)))
+    if config.model_type == "phi3":
+        # as llama.cpp's converter: 0 for none
+        writer.add_sliding_window(config.sliding_window or 0)
     if head_dim != config.hidden_size // config.num_attention_heads:
         writer.add_key_length(head_dim)
         writer.add_value_length(head_dim)
