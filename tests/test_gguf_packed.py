@@ -143,16 +143,22 @@ def test_npu_sim_reads_the_packed_base_into_the_same_residents_as_the_dequantize
     assert all(r["sim_step_time_s"] > 0 for r in rows["gguf"])
 
 
-def test_a_block_type_the_packed_base_cannot_read_is_one_line_naming_the_tensor(tmp_path, monkeypatch):
+def test_a_block_type_the_packed_base_cannot_read_is_one_line_naming_the_tensor_before_any_conversion(
+    tmp_path, monkeypatch
+):
     from lcsb_cli.model import gguf_quants
 
     def without_q4_1():
         monkeypatch.setattr(gguf_quants, "SUPPORTED", gguf_quants.SUPPORTED - {gguf_quants.T.Q4_1})
 
+    # a cache of its own: the refusal comes before the file is converted
+    monkeypatch.setenv("LCSB_CACHE", str(tmp_path / "cache"))
     run = tmp_path / "run"
     proc = cli("train", str(SMOL), *SHORT, "quantization=gguf", "--output", str(run), setup=without_q4_1)
-    assert_one_line_error(proc, "blk.0.attn_q.weight: GGUF type Q4_1 is not supported")
+    # the first matrix of the file's decoder blocks
+    assert_one_line_error(proc, "quantization: gguf: blk.0.ffn_down.weight: GGUF type Q4_1 is not supported")
     assert not run.exists()
+    assert not list((tmp_path / "cache").glob("gguf/*"))
 
 
 def test_a_cut_short_gguf_file_is_one_line_of_bad_input_and_leaves_no_cache_entry(tmp_path):
@@ -202,11 +208,12 @@ def test_a_file_tensor_whose_shape_disagrees_with_the_model_is_bad_input_naming_
     from transformers import AutoConfig
 
     from lcsb_cli.errors import BadInput
+    from lcsb_cli.model.gguf_index import GgufIndex
     from lcsb_cli.model.gguf_packed import GgufPacked
     from lcsb_cli.model.load import gguf_source, resolve_base_dir
 
     checkpoint = resolve_base_dir("smollm2-135m", "float32")
-    source = GgufPacked(checkpoint, gguf_source("smollm2-135m"), AutoConfig.from_pretrained(checkpoint))
+    source = GgufPacked(checkpoint, GgufIndex(gguf_source("smollm2-135m")), AutoConfig.from_pretrained(checkpoint))
     wrong = torch.nn.Linear(512, 576, bias=False, device="meta")
     with pytest.raises(BadInput, match=r"blk.0.attn_q.weight is \[576, 576\] in the file, .* is \[576, 512\]"):
         source.linear(None, "model.layers.0.self_attn.q_proj", wrong, "gguf", torch.float32)

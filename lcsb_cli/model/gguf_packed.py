@@ -1,7 +1,8 @@
 """`quantization: gguf`: a .gguf base trained as the file holds it. The decoder's Linears keep the file's blocks
 (Q4_0 ... Q6_K) and dequantize per product, forward and input gradient alike (packed.py); everything else (norms,
 the embedding and LM head) comes from the file's converted checkpoint (gguf_in.py), in the recipe's dtype. A
-Linear the file stores as F32 / F16 / BF16 is kept in that type the same way."""
+Linear the file stores as F32 / F16 / BF16 is kept in that type the same way. `open_packable` checks every decoder
+matrix's type before anything is converted, so a file the packed layers cannot read is refused at once."""
 
 from __future__ import annotations
 
@@ -12,22 +13,37 @@ import torch
 from torch import nn
 
 from ..errors import BadInput
-from . import streamed
+from . import gguf_in, streamed
 from .gguf_index import GgufIndex
+from .gguf_quants import check_supported
 from .packed import from_gguf_tensor
 
 # llama.cpp stores these archs' q/k rows with the two rotary halves of each head interleaved
 ROTARY_INTERLEAVED = {"llama"}
 
 
+def open_packable(source: Path) -> GgufIndex:
+    """The file's tensor index, once every matrix of its decoder blocks (`blk.N.*`, the Linears the packed layers
+    keep) is in a type and size they read; BadInput naming the first that is not."""
+    gguf_in.check_magic(source)
+    index = GgufIndex(source)
+    for tensor in index.tensors.values():
+        if tensor.name.startswith("blk.") and len(tensor.shape) == 2:
+            cols, rows = tensor.shape
+            try:
+                check_supported(tensor.name, tensor.tensor_type, (rows, cols), tensor.n_bytes)
+            except BadInput as exc:
+                raise BadInput(f"quantization: gguf: {exc}; quantization: none reads it dequantized") from exc
+    return index
+
+
 class GgufPacked(streamed.SafetensorsCheckpoint):
     """The converted checkpoint's tensors, except that decoder Linears are read packed from the GGUF file."""
 
-    def __init__(self, checkpoint: Path, source: Path, config):
+    def __init__(self, checkpoint: Path, index: GgufIndex, config):
         import gguf
 
         super().__init__(checkpoint)
-        index = GgufIndex(source)
         self.arch = index.architecture
         arch_id = next((key for key, name in gguf.MODEL_ARCH_NAMES.items() if name == self.arch), None)
         if arch_id is None:

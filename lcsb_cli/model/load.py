@@ -246,7 +246,7 @@ def _load_streamed(recipe: Recipe):
 def _load_packed(recipe: Recipe):
     """quantization: gguf: the decoder's Linears keep the GGUF file's blocks (gguf_packed.py), built one module at a
     time on the meta device like the streamed build; the rest comes from the file's converted checkpoint."""
-    from .gguf_packed import GgufPacked
+    from .gguf_packed import GgufPacked, open_packable
 
     source_file = gguf_source(recipe.model.name)
     if source_file is None:
@@ -254,9 +254,11 @@ def _load_packed(recipe: Recipe):
             f"quantization: gguf trains on a GGUF file's own blocks; model.name must be a .gguf file or a GGUF "
             f"preset, not {recipe.model.name!r}"
         )
+    # before the conversion: a file the packed layers cannot read is refused at once
+    index = open_packable(source_file)
     base_dir = resolve_base_dir(recipe.model.name, recipe.model.dtype)
     config = check_causal_lm(base_dir, recipe.model.trust_remote_code)
-    source = GgufPacked(base_dir, source_file, config)
+    source = GgufPacked(base_dir, index, config)
     model = streamed.streamed_model(config, DTYPES[recipe.model.dtype], "gguf", recipe.memory.embedding, source)
     model.config.use_cache = False
     return model, config, base_dir
