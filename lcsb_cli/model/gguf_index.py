@@ -20,19 +20,21 @@ import numpy as np
 from ..errors import BadInput
 
 V = gguf.GGUFValueType
-FIXED = {
-    V.UINT8: 1,
-    V.INT8: 1,
-    V.BOOL: 1,
-    V.UINT16: 2,
-    V.INT16: 2,
-    V.UINT32: 4,
-    V.INT32: 4,
-    V.FLOAT32: 4,
-    V.UINT64: 8,
-    V.INT64: 8,
-    V.FLOAT64: 8,
+# the struct format of each fixed-size value type
+FORMATS = {
+    V.UINT8: "<B",
+    V.INT8: "<b",
+    V.BOOL: "<?",
+    V.UINT16: "<H",
+    V.INT16: "<h",
+    V.UINT32: "<I",
+    V.INT32: "<i",
+    V.FLOAT32: "<f",
+    V.UINT64: "<Q",
+    V.INT64: "<q",
+    V.FLOAT64: "<d",
 }
+FIXED = {kind: struct.calcsize(fmt) for kind, fmt in FORMATS.items()}
 # numpy's view of the dense types; every block format is raw bytes
 DENSE = {gguf.GGMLQuantizationType.F32: np.float32, gguf.GGMLQuantizationType.F16: np.float16}
 
@@ -52,18 +54,20 @@ class TensorEntry:
 
 
 class GgufIndex:
-    """The tensors of a GGUF file by name, `architecture`, and the file's memory map (`file_map`)."""
+    """The tensors of a GGUF file by name, `architecture`, its scalar metadata (`fields`: numbers, booleans and
+    strings by key; arrays are skipped), and the file's memory map (`file_map`)."""
 
     def __init__(self, path: Path):
         self.path = Path(path)
         with self.path.open("rb") as handle:
             self.file_map = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
         try:
-            self.architecture, self.tensors = self._read()
+            self.fields, self.tensors = self._read()
+            self.architecture = str(self.fields["general.architecture"])
         except (struct.error, ValueError, KeyError) as exc:
             raise BadInput(f"model.name: {self.path} is truncated or damaged: {exc}".splitlines()[0]) from exc
 
-    def _read(self) -> tuple[str, dict[str, TensorEntry]]:
+    def _read(self) -> tuple[dict, dict[str, TensorEntry]]:
         self.at = 4
         version, n_tensors, n_kv = self._unpack("<I"), self._unpack("<Q"), self._unpack("<Q")
         if self.file_map[:4] != b"GGUF" or version not in (2, 3):
@@ -71,11 +75,15 @@ class GgufIndex:
         fields = {}
         for _ in range(n_kv):
             key, kind = self._string(), V(self._unpack("<I"))
-            fields[key] = self._value(kind, keep=key in ("general.architecture", "general.alignment"))
+            value = self._value(kind)
+            if value is not None:
+                fields[key] = value
         infos = [self._tensor_info() for _ in range(n_tensors)]
         alignment = fields.get("general.alignment") or gguf.GGUF_DEFAULT_ALIGNMENT
         start = -(-self.at // alignment) * alignment
-        return str(fields["general.architecture"]), {info[0]: self._entry(start, *info) for info in infos}
+        if "general.architecture" not in fields:
+            raise ValueError("no general.architecture in its metadata")
+        return fields, {info[0]: self._entry(start, *info) for info in infos}
 
     def _unpack(self, fmt: str):
         (value,) = struct.unpack_from(fmt, self.file_map, self.at)
@@ -88,7 +96,8 @@ class GgufIndex:
         self.at += length
         return None if raw is None else raw.decode("utf-8")
 
-    def _value(self, kind: V, keep: bool):
+    def _value(self, kind: V, keep: bool = True):
+        """A scalar value (None when not kept), or None after skipping an array."""
         if kind == V.STRING:
             return self._string(keep)
         if kind == V.ARRAY:
@@ -100,7 +109,7 @@ class GgufIndex:
                     self._value(item, keep=False)
             return None
         if keep:
-            return self._unpack({4: "<I", 8: "<Q"}.get(FIXED[kind], "<B"))
+            return self._unpack(FORMATS[kind])
         self.at += FIXED[kind]
         return None
 
