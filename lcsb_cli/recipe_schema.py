@@ -188,8 +188,8 @@ class TrainConfig:
     early_stopping_min_delta: float = key(0.0, "the held-out loss drop that counts as an improvement", min=0.0)
     check_initial_loss: bool = key(
         True,
-        "stop a fresh run whose loss on its first batch (every token) is above "
-        "ln(vocab_size) + 1: worse than a uniform guess, so the model is broken",
+        "stop a fresh run whose loss on its first batch (every token) is above ln(vocab_size) + 1, worse than "
+        "a uniform guess, and say why: a base that does not know the text (lamp-tiny on your data) or a broken model",
     )
 
 

@@ -21,6 +21,7 @@ from ..evaluate import evaluate_items, summary_row
 from ..model.load import LoadedModel, inference_mode
 from ..model.losses import causal_lm_loss
 from ..recipe import Recipe
+from . import first_batch
 from .best import EARLY_STOPPING, BestWatch
 from .distributed import World
 from .job import Job
@@ -175,33 +176,38 @@ class DivergenceStop(Hook):
 def check_initial_loss(run: Run) -> None:
     """train.check_initial_loss: in a fresh run's set-up, before the run dir is claimed, the model's loss over every
     token of its first batch. Above ln(vocab_size) + 1 it is worse than a uniform guess over the vocabulary, which
-    an untrained model is not: its weights, or how they were built, are wrong; the run stops before training them
-    (and before --force clears an old run). Every token, not only the step's few targets, so that a random-init
-    model's spread around ln(vocab_size) cannot cross the bound."""
+    an untrained model is not; the run stops before training (and before --force clears an old run). Every token, not
+    only the step's few targets, so that a random-init model's spread around ln(vocab_size) cannot cross the bound.
+    A passing run pays that one forward; above the bound, the loss on the shipped sample and the batch's words outside
+    the vocabulary tell a sound base that does not know this text from a broken model (first_batch.py)."""
     if run.first_step or not run.recipe.train.check_initial_loss:
         return
     vocab = run.loaded.model.config.get_text_config().vocab_size
-    loss, bound = first_batch_loss(run), math.log(vocab) + 1
-    if loss > bound:
-        raise BadInput(
-            f"model.name: the model is broken: its loss on the first batch, {loss:.2f}, is above "
-            f"ln(vocab_size) + 1 = {bound:.2f}, worse than a uniform guess over its {vocab:,} tokens "
-            "(set train.check_initial_loss=false to train it anyway)"
-        )
+    batch, tokenizer = run.trainer.batches.batch(0), run.loaded.tokenizer
+    summed, count = batch_loss(run, batch)
+    loss = run.world.total(summed) / max(run.world.total(count), 1.0)
+    if loss <= math.log(vocab) + 1:
+        return
+    summed, count = batch_loss(run, first_batch.sample_batch(tokenizer))
+    lacking, words = (
+        run.world.total(n) for n in first_batch.unknown_words(tokenizer, first_batch.batch_texts(tokenizer, batch))
+    )
+    share = lacking / words if words else None
+    raise BadInput(first_batch.first_batch_problem(run.recipe.model.name, vocab, loss, summed / max(count, 1), share))
 
 
-def first_batch_loss(run: Run) -> float:
-    """Mean next-token loss over every token of the first batch (all ranks' shards), without gradients; in a packed
-    batch a document's first token is not predicted from the document before it."""
+def batch_loss(run: Run, batch: dict) -> tuple[float, int]:
+    """Summed next-token loss over every token of `batch` and the number of tokens it predicts, without gradients;
+    in a packed batch a document's first token is not predicted from the document before it."""
     backend = run.trainer.backend
-    batch = {k: v.to(backend.device) for k, v in run.trainer.batches.batch(0).items()}
+    batch = {k: v.to(backend.device) for k, v in batch.items()}
     unseen = batch["attention_mask"] == 0
     if "position_ids" in batch:
         unseen |= batch["position_ids"] == 0
     batch["labels"] = batch["input_ids"].masked_fill(unseen, -100)
     with inference_mode(run.loaded.model), backend.autocast(run.trainer.autocast):
         summed = float(causal_lm_loss(run.loaded.model, batch))
-    return run.world.total(summed) / max(run.world.total(int((batch["labels"][:, 1:] != -100).sum())), 1.0)
+    return summed, int((batch["labels"][:, 1:] != -100).sum())
 
 
 class PeriodicEval(Hook):
