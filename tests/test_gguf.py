@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 from gguf_readers import LlamaCpp, hf_greedy, hf_logits, transformers_model, transformers_tokenizer
-from helpers import LAMP2, REPO, assert_one_line_error, cli, run_train
+from helpers import LAMP2, REPO, assert_one_line_error, cli, run_train, snapshot
 from tiny_families import tiny_model
 
 from lcsb_cli.errors import BadInput
@@ -215,6 +215,46 @@ def test_bad_export_flags_exit_2(exported, tmp_path, flags, message):
     result = cli("export", str(exported["run"]), "--output", str(tmp_path / "out.gguf"), *flags)
     assert result.returncode == 2 and message in result.stderr, result.stderr
     assert not (tmp_path / "out.gguf").exists()
+
+
+def test_the_modelfile_imports_the_merged_gguf(exported, tmp_path):
+    """Ollama 0.34.1 and later create no model from a LoRA adapter: the Modelfile's one line is FROM the merged GGUF,
+    written at the type it runs in, which carries the base's chat template for Ollama to read."""
+    target = tmp_path / "chat.gguf"
+    flags = ["--merge", "--format", "gguf", "--outtype", "q8_0", "--modelfile", "-o", str(target)]
+    result = cli("export", str(exported["run"]), *flags)
+    assert result.returncode == 0, result.stderr
+    assert f"merged GGUF model with an Ollama Modelfile written to {target}" in result.stdout
+    assert (tmp_path / "chat.Modelfile").read_text() == f"FROM {target.resolve()}\n" == gguf_out.modelfile(target)
+    fields = gguf.GGUFReader(target).fields
+    assert fields["general.file_type"].contents() == gguf.LlamaFileType.MOSTLY_Q8_0
+    template = models.load_tokenizer(models.resolve_base_dir("tiny-qwen2")).chat_template
+    assert template and fields["tokenizer.chat_template"].contents() == template
+
+
+@pytest.mark.parametrize(
+    "flags, taken, needles",
+    [
+        (
+            ["--format", "gguf", "--modelfile"],
+            None,
+            ["--modelfile goes with --merge --format gguf", "llama-server --lora"],
+        ),
+        (["--merge", "--modelfile"], None, ["--modelfile goes with --merge --format gguf", "ADAPTER"]),
+        (["--merge", "--format", "gguf", "--modelfile", "-o", "{tmp}/out.Modelfile"], None, ["--output", "OUT.gguf"]),
+        (["--merge", "--format", "gguf", "--modelfile"], "out.Modelfile", ["--output", "out.Modelfile", "exists"]),
+        (["--merge", "--format", "gguf", "--modelfile"], "out.gguf", ["--output", "out.gguf", "exists"]),
+    ],
+    ids=["adapter", "hf", "name", "modelfile-taken", "gguf-taken"],
+)
+def test_bad_modelfile_exports_exit_2_and_write_nothing(exported, tmp_path, flags, taken, needles):
+    if taken is not None:
+        (tmp_path / taken).write_text("mine\n")
+    before = snapshot(tmp_path)
+    output = [] if "-o" in flags else ["-o", str(tmp_path / "out.gguf")]
+    result = cli("export", str(exported["run"]), *[flag.format(tmp=tmp_path) for flag in flags], *output)
+    assert_one_line_error(result, *needles)
+    assert snapshot(tmp_path) == before
 
 
 def test_export_refuses_an_existing_gguf_file(exported):

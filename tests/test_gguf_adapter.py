@@ -1,10 +1,11 @@
-"""`lcsb export RUN --format gguf` without --merge: llama.cpp's LoRA adapter GGUF (and an Ollama Modelfile).
+"""`lcsb export RUN --format gguf` without --merge: llama.cpp's LoRA adapter GGUF.
 
-On tiny F16 GGUF bases (the Qwen2 preset, a random Llama): the adapter's keys and tensors, the merged export's
-weights and llama.cpp's logits, the per-user layout, the Modelfile's lines and the bad inputs (one line, exit 2,
-nothing written). Then real bases (slow): SmolLM2-135M's Q4_1 file (llama, q/k rows permuted) and Gemma 3 270M's
-Q4_K_M file, dequantized to F32 (llama.cpp matches lcsb) and as they are (llama.cpp's quantized arithmetic differs
-from lcsb's exact dequantization on its own, so there the adapter's effect is compared, not the logits alone).
+On tiny F16 GGUF bases (the Qwen2 preset, a random Llama, a random Phi-3 with its fused qkv_proj and gate_up_proj):
+the adapter's keys and tensors, the merged export's weights and llama.cpp's logits, the per-user layout and the bad
+inputs (one line, exit 2, nothing written). Then real bases (slow): SmolLM2-135M's Q4_1 file (llama, q/k rows
+permuted) and Gemma 3 270M's Q4_K_M file, dequantized to F32 (llama.cpp matches lcsb) and as they are (llama.cpp's
+quantized arithmetic differs from lcsb's exact dequantization on its own, so there the adapter's effect is compared,
+not the logits alone).
 """
 
 from __future__ import annotations
@@ -21,16 +22,19 @@ import yaml
 from gguf_readers import LlamaCpp, hf_logits
 from helpers import REPO, Quiet, assert_one_line_error, cli, run_train, snapshot
 from safetensors.torch import load_file
+from tiny_families import tiny_model
 
 from lcsb_cli.model import gguf_out
 from lcsb_cli.model import load as models
 from lcsb_cli.model.export import export_run
-from lcsb_cli.model.gguf_adapter import modelfile
 from lcsb_cli.recipe import load_recipe
 from lcsb_cli.run.engine import train
 
 # the module's runs are trained once, in one worker
 pytestmark = pytest.mark.xdist_group("gguf-adapter")
+ARCHS = ("qwen2", "llama", "phi3")
+# the matrices the merged export and the adapter are compared on: Phi-3's q/k/v and gate/up are fused
+MATRICES = {"phi3": ("attn_qkv", "attn_output", "ffn_up", "ffn_down")}
 PROMPTS = [
     "Which tag does this movie relate to? tags: [comedy, sci-fi] description: a robot learns to love.",
     "A detective in a rainy city finds",
@@ -58,18 +62,8 @@ def rebased(run: Path, target: Path, name: str) -> Path:
 
 
 def tiny_base(path: Path, arch: str) -> Path:
-    """The tiny preset's Qwen2 base, or a random Llama of its shape and tokenizer (q/k rows permuted in GGUF), written
-    as an F16 GGUF file."""
-    from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
-
-    base_dir = models.resolve_base_dir("tiny-qwen2")
-    model = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
-    if arch == "llama":
-        keys = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
-        shape = {key: getattr(model.config, key) for key in (*keys, "num_key_value_heads", "tie_word_embeddings")}
-        torch.manual_seed(0)
-        model = LlamaForCausalLM(LlamaConfig(**shape, max_position_embeddings=2048, rope_theta=10000.0))
-    gguf_out.write_gguf(model, base_dir, path, "f16", None)
+    """`tiny_model(arch)` (qwen2, llama: q/k rows permuted in GGUF, phi3) written as an F16 GGUF file."""
+    gguf_out.write_gguf(tiny_model(arch), models.resolve_base_dir("tiny-qwen2"), path, "f16", None)
     return path
 
 
@@ -79,10 +73,11 @@ def tiny(tmp_path_factory) -> dict:
     per-user run of two users on the Qwen2 file."""
     root = tmp_path_factory.mktemp("adapter-gguf")
     paths = {}
-    for arch in ("qwen2", "llama"):
+    for arch in ARCHS:
         base = tiny_base(root / f"tiny-{arch}.gguf", arch)
         run = root / f"run-{arch}"
-        run_train(run, f"model.name={base}", "train.max_steps=2", "train.lr=0.01", "train.save_every=0")
+        targets = "lora.targets=all-linear"
+        run_train(run, f"model.name={base}", targets, "train.max_steps=2", "train.lr=0.01", "train.save_every=0")
         paths[arch] = {
             "base": base,
             "run": run,
@@ -128,10 +123,11 @@ def test_the_adapter_gguf_is_llama_cpps_lora_format(tiny):
         assert a.tensor_type == gguf.GGMLQuantizationType.F32 and list(a.shape) == list(a.data.shape[::-1])
 
 
-@pytest.mark.parametrize("arch", ["qwen2", "llama"])
+@pytest.mark.parametrize("arch", ARCHS)
 def test_llama_cpp_applies_the_adapter_as_the_merged_model_and_lcsb_do(tiny, arch):
-    """On an F16 base llama.cpp's logits with the adapter GGUF are the merged GGUF's and lcsb's (the Llama case
-    checks the q/k row permutation of lora_b)."""
+    """On an F16 base llama.cpp's logits with the adapter GGUF are the merged GGUF's and lcsb's, and its change of the
+    logits is lcsb's (the Llama case checks the q/k row permutation of lora_b, Phi-3 the fused attn_qkv and ffn_up:
+    gate rows, then up)."""
     files = tiny[arch]
     loaded = models.load_model(load_recipe(files["run"] / "config.yaml"), torch.device("cpu"), files["run"] / "adapter")
     model = loaded.model.eval()
@@ -144,7 +140,8 @@ def test_llama_cpp_applies_the_adapter_as_the_merged_model_and_lcsb_do(tiny, arc
             ids = loaded.tokenizer(prompt).input_ids
             reference = hf_logits(model, ids)
             with model.disable_adapter():
-                effect = (reference - hf_logits(model, ids)).abs().max().item()
+                change = reference - hf_logits(model, ids)
+            effect = change.abs().max().item()
             diffs = {
                 "merged": (adapted.logits(ids) - merged.logits(ids)).abs().max().item(),
                 "lcsb": (adapted.logits(ids) - reference).abs().max().item(),
@@ -152,15 +149,16 @@ def test_llama_cpp_applies_the_adapter_as_the_merged_model_and_lcsb_do(tiny, arc
             }
             print(f"\n{arch}: max |logit diff| of base+adapter GGUF: {diffs}, the adapter's own effect {effect:.3f}")
             assert diffs["merged"] < 5e-3 and diffs["lcsb"] < 5e-3 < diffs["no adapter"]
+            assert cosine(adapted.logits(ids) - plain.logits(ids), change) > 0.999
 
 
-@pytest.mark.parametrize("arch", ["qwen2", "llama"])
+@pytest.mark.parametrize("arch", ARCHS)
 def test_the_adapter_is_what_the_merged_export_adds(tiny, arch):
     """alpha / r * lora_b @ lora_a is the merged GGUF's matrix minus the base GGUF's, in llama.cpp's row order (Llama's
     q/k rows interleaved), up to F16 rounding: the rows a random model's logits barely tell apart."""
     files = {key: {t.name: t.data for t in gguf.GGUFReader(tiny[arch][key]).tensors} for key in ("base", "merged")}
     lora = {t.name: t.data for t in gguf.GGUFReader(tiny[arch]["adapter"]).tensors}
-    for matrix in ("attn_q", "attn_k", "attn_v", "ffn_up"):
+    for matrix in MATRICES.get(arch, ("attn_q", "attn_k", "attn_v", "ffn_up")):
         weight = f"blk.1.{matrix}.weight"
         added = files["merged"][weight].astype(np.float32) - files["base"][weight].astype(np.float32)
         product = 32 / 16 * lora[f"{weight}.lora_b"] @ lora[f"{weight}.lora_a"]
@@ -168,21 +166,16 @@ def test_the_adapter_is_what_the_merged_export_adds(tiny, arch):
         np.testing.assert_allclose(added, product, atol=5e-5, err_msg=weight)
 
 
-def test_a_per_user_run_exports_one_adapter_and_modelfile_per_user(tiny, tmp_path):
+def test_a_per_user_run_exports_one_adapter_per_user(tiny, tmp_path):
     out = tmp_path / "users"
-    result = cli("export", str(tiny["users-run"]), "--format", "gguf", "--modelfile", "--output", str(out))
+    result = cli("export", str(tiny["users-run"]), "--format", "gguf", "--output", str(out))
     assert result.returncode == 0, result.stderr
-    assert "LoRA adapter GGUFs (one per user) with Ollama Modelfiles written to" in result.stdout
+    assert "LoRA adapter GGUFs (one per user) written to" in result.stdout
     users = tiny["users"]
-    names = [f"{user}.{suffix}" for user in users for suffix in ("gguf", "Modelfile")]
-    assert sorted(p.name for p in out.iterdir()) == sorted(names)
+    assert sorted(p.name for p in out.iterdir()) == sorted(f"{user}.gguf" for user in users)
     for user in users:
         reader = gguf.GGUFReader(out / f"{user}.gguf")
         assert reader.fields["general.name"].contents() == f"lamp2-tiny-test-{user}"
-        assert (out / f"{user}.Modelfile").read_text().splitlines() == [
-            f"FROM {tiny['qwen2']['base'].resolve()}",
-            f"ADAPTER {(out / f'{user}.gguf').resolve()}",
-        ]
     # one user: one file
     flags = ["--format", "gguf", "--user", users[1], "--output", str(tmp_path / "u.gguf")]
     one = cli("export", str(tiny["users-run"]), *flags)
@@ -190,13 +183,10 @@ def test_a_per_user_run_exports_one_adapter_and_modelfile_per_user(tiny, tmp_pat
     assert (tmp_path / "u.gguf").read_bytes() == (out / f"{users[1]}.gguf").read_bytes()
 
 
-def test_the_modelfile_names_the_base_and_the_adapter(tiny, tmp_path):
+def test_an_f16_adapter_gguf(tiny, tmp_path):
     target = tmp_path / "chat.gguf"
-    run, base = tiny["qwen2"]["run"], tiny["qwen2"]["base"]
-    result = cli("export", str(run), "--format", "gguf", "--outtype", "f16", "--modelfile", "-o", str(target))
+    result = cli("export", str(tiny["qwen2"]["run"]), "--format", "gguf", "--outtype", "f16", "-o", str(target))
     assert result.returncode == 0, result.stderr
-    expected = f"FROM {base.resolve()}\nADAPTER {target.resolve()}\n"
-    assert (tmp_path / "chat.Modelfile").read_text() == expected == modelfile(base, target)
     reader = gguf.GGUFReader(target)
     assert reader.fields["general.file_type"].contents() == gguf.LlamaFileType.MOSTLY_F16
     assert {t.tensor_type for t in reader.tensors} == {gguf.GGMLQuantizationType.F16}
@@ -210,7 +200,7 @@ def other_bases(tiny, tmp_path_factory) -> dict[str, Path]:
 
     root = tmp_path_factory.mktemp("other-bases")
     GPT2Config(n_layer=1, n_embd=32, n_head=2).save_pretrained(root / "gpt2")
-    writer = gguf.GGUFWriter(root / "phi3.gguf", "phi3")
+    writer = gguf.GGUFWriter(root / "falcon.gguf", "falcon")
     writer.add_tensor("token_embd.weight", np.zeros((8, 32), np.float32))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
@@ -220,7 +210,7 @@ def other_bases(tiny, tmp_path_factory) -> dict[str, Path]:
     return {
         "hf": rebased(run, root / "hf-run", "tiny-qwen2"),
         "gpt2": rebased(run, root / "gpt2-run", root / "gpt2"),
-        "phi3": rebased(run, root / "phi3-run", root / "phi3.gguf"),
+        "falcon": rebased(run, root / "falcon-run", root / "falcon.gguf"),
     }
 
 
@@ -233,16 +223,14 @@ def test_an_hf_base_gets_the_same_adapter_gguf(tiny, other_bases, tmp_path):
 @pytest.mark.parametrize(
     "run, flags, needles",
     [
-        ("gpt2", [], ["--format gguf", "gemma3_text, llama, mistral, qwen2, qwen3", "not 'gpt2'"]),
-        ("phi3", [], ["--format gguf", "gemma3, llama, qwen2, qwen3", "not the 'phi3' GGUF phi3.gguf"]),
-        ("hf", ["--modelfile"], ["--modelfile needs a .gguf base", "tiny-qwen2"]),
+        ("gpt2", [], ["--format gguf", "gemma3_text, llama, mistral, phi3, qwen2, qwen3", "not 'gpt2'"]),
+        ("falcon", [], ["--format gguf", "gemma3, llama, phi3, qwen2, qwen3", "not the 'falcon' GGUF falcon.gguf"]),
         ("qwen2", ["--outtype", "q8_0"], ["--outtype: 'q8_0' is not one of f32, f16 (for an adapter GGUF)"]),
-        ("qwen2", ["--merge", "--modelfile"], ["--modelfile goes with an adapter GGUF"]),
-        ("qwen2", ["--modelfile", "-o", "{tmp}/out.Modelfile"], ["--output", "name the adapter OUT.gguf"]),
+        ("qwen2", ["--modelfile"], ["--modelfile goes with --merge --format gguf", "llama-server --lora"]),
         ("qwen2", ["--user", "nobody"], ["--user", "no adapter for user 'nobody'"]),
         ("users", ["--user", "nobody"], ["--user", "no adapter for user 'nobody'"]),
     ],
-    ids=["hf-arch", "gguf-arch", "modelfile-hf-base", "outtype", "modelfile-merge", "modelfile-name", "user", "user-2"],
+    ids=["hf-arch", "gguf-arch", "outtype", "modelfile", "user", "user-2"],
 )
 def test_bad_adapter_exports_exit_2_and_write_nothing(tiny, other_bases, tmp_path, run, flags, needles):
     run_dir = {**other_bases, "qwen2": tiny["qwen2"]["run"], "users": tiny["users-run"]}[run]
@@ -253,12 +241,11 @@ def test_bad_adapter_exports_exit_2_and_write_nothing(tiny, other_bases, tmp_pat
     assert snapshot(tmp_path) == before
 
 
-@pytest.mark.parametrize("taken", ["out.gguf", "out.Modelfile"])
-def test_an_existing_output_is_refused(tiny, tmp_path, taken):
-    (tmp_path / taken).write_text("mine\n")
+def test_an_existing_output_is_refused(tiny, tmp_path):
+    (tmp_path / "out.gguf").write_text("mine\n")
     before = snapshot(tmp_path)
-    flags = ["--format", "gguf", "--modelfile", "--output", str(tmp_path / "out.gguf")]
-    assert_one_line_error(cli("export", str(tiny["qwen2"]["run"]), *flags), "--output", taken, "exists")
+    flags = ["--format", "gguf", "--output", str(tmp_path / "out.gguf")]
+    assert_one_line_error(cli("export", str(tiny["qwen2"]["run"]), *flags), "--output", "out.gguf", "exists")
     assert snapshot(tmp_path) == before
 
 

@@ -82,7 +82,10 @@ def eval_(
         ),
     ],
     overrides: Overrides = None,
-    adapter: Annotated[Path | None, typer.Option("--adapter", help="A PEFT adapter dir to evaluate.")] = None,
+    adapter: Annotated[
+        Path | None,
+        typer.Option("--adapter", help="A PEFT adapter dir, or an adapter GGUF from lcsb export, to evaluate."),
+    ] = None,
     output: Annotated[
         Path | None,
         typer.Option(
@@ -119,7 +122,10 @@ def generate(
     ],
     overrides: Overrides = None,
     *,
-    adapter: Annotated[Path | None, typer.Option("--adapter", help="A PEFT adapter dir to generate with.")] = None,
+    adapter: Annotated[
+        Path | None,
+        typer.Option("--adapter", help="A PEFT adapter dir, or an adapter GGUF from lcsb export, to generate with."),
+    ] = None,
     user: UserOption = None,
     prompt: Annotated[
         str | None, typer.Option("--prompt", help="The text to continue (with --chat: the user's message).")
@@ -175,7 +181,10 @@ def chat(
     ],
     overrides: Overrides = None,
     *,
-    adapter: Annotated[Path | None, typer.Option("--adapter", help="A PEFT adapter dir to chat with.")] = None,
+    adapter: Annotated[
+        Path | None,
+        typer.Option("--adapter", help="A PEFT adapter dir, or an adapter GGUF from lcsb export, to chat with."),
+    ] = None,
     user: UserOption = None,
     max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", min=1, help="New tokens per reply at most.")] = 256,
     temperature: Temperature = 0.0,
@@ -334,8 +343,8 @@ def export(
         bool,
         flag(
             "--modelfile",
-            help="With an adapter GGUF: also an Ollama Modelfile (FROM the run's base .gguf, ADAPTER the new file) "
-            "beside each adapter, named as it with the suffix .Modelfile.",
+            help="With --merge --format gguf: also an Ollama Modelfile OUT.Modelfile beside OUT.gguf, FROM that file "
+            "(Ollama 0.34.1 and later take no LoRA adapter; serve an adapter GGUF with llama-server --lora).",
         ),
     ] = False,
 ) -> None:
@@ -343,13 +352,13 @@ def export(
 
     Adapter GGUF (--format gguf without --merge): a run or `--user ID` of a per-user run gives one file, --output; a
     per-user run without --user gives --output as a new or empty directory holding USER.gguf for every user whose
-    adapter is finished. --modelfile writes OUT.Modelfile beside OUT.gguf (USER.Modelfile in the directory) for
-    `ollama create NAME -f OUT.Modelfile`; it needs a .gguf base (a GGUF preset or a .gguf model.name). It has no
-    TEMPLATE line: Ollama reads the base GGUF's chat template itself.
+    adapter is finished; `llama-server -m BASE.gguf --lora OUT.gguf` serves it. With --merge --format gguf,
+    --modelfile writes OUT.Modelfile beside OUT.gguf for `ollama create NAME -f OUT.Modelfile`: FROM the merged file,
+    at the --outtype it runs in, and no TEMPLATE line (Ollama reads the file's chat template, the base's, itself).
 
     Examples: `lcsb export runs/lamp2 -o adapter/` · `lcsb export runs/chat --merge -o merged/` ·
-    `lcsb export runs/chat --merge --format gguf -o chat.gguf` · `lcsb export runs/chat --format gguf -o chat.gguf
-    --modelfile` · `lcsb export runs/lamp2-smollm2 --format gguf -o users/`."""
+    `lcsb export runs/chat --format gguf -o chat.gguf` · `lcsb export runs/chat --merge --format gguf --outtype q8_0
+    -o chat.gguf --modelfile` · `lcsb export runs/lamp2-smollm2 --format gguf -o users/`."""
     from ..model.export import export_run
 
     written = export_run(run_dir, output, merge, user, fmt, outtype, modelfile)
@@ -359,7 +368,7 @@ def export(
         kind = "LoRA adapter GGUFs (one per user)" if written.is_dir() else "LoRA adapter GGUF"
     else:
         kind = "adapter"
-    extra = " with Ollama Modelfiles" if modelfile else ""
+    extra = " with an Ollama Modelfile" if modelfile else ""
     out.print(f"{kind}{extra} written to {written}", highlight=False, soft_wrap=True)
 
 

@@ -1,5 +1,5 @@
-"""`lcsb export`: a run's adapter in PEFT format or as llama.cpp's adapter GGUF (with an Ollama Modelfile), or the
-base model with the adapter merged in (HF or GGUF)."""
+"""`lcsb export`: a run's adapter in PEFT format or as llama.cpp's adapter GGUF, or the base model with the adapter
+merged in (HF, or GGUF with an Ollama Modelfile)."""
 
 from __future__ import annotations
 
@@ -27,15 +27,18 @@ def export_run(
     modelfile: bool = False,
 ) -> Path:
     """Write `output` atomically (a new or empty dir; for GGUF a new file), filled beside it and renamed. An adapter
-    GGUF of a per-user run without `user` is a dir of USER.gguf files (see `_adapter_gguf`)."""
+    GGUF of a per-user run without `user` is a dir of USER.gguf files (see `_adapter_gguf`). With `modelfile`, a
+    merged GGUF OUT.gguf gets an Ollama Modelfile OUT.Modelfile beside it."""
     _check_format(fmt, outtype, merge, modelfile)
     if fmt == "gguf" and not merge:
-        return _adapter_gguf(RunDir(run_dir), output, user, outtype or "f32", modelfile)
+        return _adapter_gguf(RunDir(run_dir), output, user, outtype or "f32")
     recipe, adapter = finished_run(run_dir, user)
     if fmt == "gguf":
-        _check_new_file(output)
+        _check_gguf_output(output, modelfile)
         _check_gguf_architecture(recipe)
         atomic.write_file(output, lambda tmp: _merged_gguf(recipe, adapter, tmp, outtype or "f16"))
+        if modelfile:
+            _write_modelfile(output)
         return output
     _check_new_dir(output)
     if merge:
@@ -48,8 +51,11 @@ def export_run(
 def _check_format(fmt: str, outtype: str | None, merge: bool, modelfile: bool) -> None:
     if fmt not in FORMATS:
         raise BadInput(f"--format: {fmt!r} is not one of {', '.join(FORMATS)}")
-    if modelfile and (fmt != "gguf" or merge):
-        raise BadInput("--modelfile goes with an adapter GGUF: --format gguf without --merge")
+    if modelfile and (fmt != "gguf" or not merge):
+        raise BadInput(
+            "--modelfile goes with --merge --format gguf: Ollama 0.34.1 and later create no model from a LoRA adapter "
+            "(ADAPTER), so its FROM is a merged GGUF; serve an adapter GGUF with llama-server --lora instead"
+        )
     if outtype is not None and fmt != "gguf":
         raise BadInput("--outtype applies to --format gguf only")
     outtypes = gguf_out.OUTTYPES if merge else tuple(gguf_adapter.OUTTYPES)
@@ -68,63 +74,46 @@ def _check_new_dir(path: Path) -> None:
         raise BadInput(f"--output: {path} exists and is not empty; choose a new directory")
 
 
-def _adapter_gguf(run: RunDir, output: Path, user: str | None, outtype: str, with_modelfile: bool) -> Path:
+def _adapter_gguf(run: RunDir, output: Path, user: str | None, outtype: str) -> Path:
     """llama.cpp's adapter GGUF: one file for a run or for `user` of a per-user run; for a per-user run without
-    `user`, `output` is a new or empty dir holding USER.gguf for every user whose adapter is finished. With
-    `with_modelfile`, an Ollama Modelfile beside each adapter: its name with the suffix `.Modelfile`."""
+    `user`, `output` is a new or empty dir holding USER.gguf for every user whose adapter is finished."""
     if user is None and run.adapters.is_dir():
-        return _users_gguf(run, output, outtype, with_modelfile)
+        return _users_gguf(run, output, outtype)
     if user is not None and run.is_run():
         # an unknown user is named as such (BadInput), not as an unfinished run
         run.adapter_of(user, per_user=True)
     recipe, adapter = finished_run(run.root, user)
-    _check_adapter_file(output, with_modelfile)
-    base, modelfile_base = _adapter_base(recipe, with_modelfile)
+    _check_new_file(output)
+    base = gguf_adapter.base_of(recipe)
     name = _gguf_name(recipe, user)
     atomic.write_file(output, lambda tmp: gguf_adapter.write_adapter(adapter, base, tmp, outtype, name))
-    if modelfile_base is not None:
-        _write_modelfile(modelfile_base, output)
     return output
 
 
-def _check_adapter_file(output: Path, with_modelfile: bool) -> None:
+def _check_gguf_output(output: Path, with_modelfile: bool) -> None:
     """A new file; with a Modelfile, OUT.gguf beside a new OUT.Modelfile."""
     if with_modelfile and output.suffix != ".gguf":
-        raise BadInput(
-            f"--output: with --modelfile name the adapter OUT.gguf (the Modelfile is OUT.Modelfile): {output}"
-        )
+        raise BadInput(f"--output: with --modelfile name the model OUT.gguf (the Modelfile is OUT.Modelfile): {output}")
     for path in [output, _modelfile_path(output)] if with_modelfile else [output]:
         _check_new_file(path)
 
 
-def _users_gguf(run: RunDir, output: Path, outtype: str, with_modelfile: bool) -> Path:
-    """USER.gguf (and USER.Modelfile) for every finished user of a per-user run, in one new dir."""
+def _users_gguf(run: RunDir, output: Path, outtype: str) -> Path:
+    """USER.gguf for every finished user of a per-user run, in one new dir."""
     users = sorted(p.name for p in run.adapters.iterdir() if (p / "adapter_config.json").is_file())
     if not users:
         raise BadInput(f"{run.adapters}: no user's adapter to export yet; finish the run first")
     recipe, _ = finished_run(run.root, users[0])
     _check_new_dir(output)
-    base, modelfile_base = _adapter_base(recipe, with_modelfile)
+    base = gguf_adapter.base_of(recipe)
 
     def write(tmp: Path) -> None:
         for user in users:
             name = _gguf_name(recipe, user)
             gguf_adapter.write_adapter(run.user_adapter(user), base, tmp / f"{user}.gguf", outtype, name)
-            if modelfile_base is not None:
-                # the adapter's path once the dir is in place
-                text = gguf_adapter.modelfile(modelfile_base, output / f"{user}.gguf")
-                (tmp / f"{user}.Modelfile").write_text(text)
 
     atomic.write_dir(output, write)
     return output
-
-
-def _adapter_base(recipe, with_modelfile: bool) -> tuple:
-    """(the base as the adapter GGUF needs it, its GGUF file for the Modelfile or None without --modelfile)."""
-    base = gguf_adapter.base_of(recipe)
-    if with_modelfile and base.gguf is None:
-        raise BadInput(f"--modelfile needs a .gguf base; this run's base {recipe.model.name} is not a GGUF file")
-    return base, base.gguf if with_modelfile else None
 
 
 def _gguf_name(recipe, user: str | None) -> str:
@@ -132,16 +121,16 @@ def _gguf_name(recipe, user: str | None) -> str:
     return recipe.name if user is None else f"{recipe.name}-{user}"
 
 
-def _modelfile_path(adapter_file: Path) -> Path:
-    return adapter_file.with_suffix(".Modelfile")
+def _modelfile_path(gguf_file: Path) -> Path:
+    return gguf_file.with_suffix(".Modelfile")
 
 
-def _write_modelfile(base_file: Path, adapter_file: Path) -> None:
-    """The Modelfile beside `adapter_file`; the adapter goes too if it cannot be written, so neither is left alone."""
+def _write_modelfile(gguf_file: Path) -> None:
+    """The Modelfile beside `gguf_file`; the GGUF goes too if it cannot be written, so neither is left alone."""
     try:
-        atomic.write_text_atomic(_modelfile_path(adapter_file), gguf_adapter.modelfile(base_file, adapter_file))
+        atomic.write_text_atomic(_modelfile_path(gguf_file), gguf_out.modelfile(gguf_file))
     except BaseException:
-        adapter_file.unlink()
+        gguf_file.unlink()
         raise
 
 

@@ -1,4 +1,4 @@
-"""LoRA adapters as GGUF files in llama.cpp's adapter format, and the Ollama Modelfile that puts one on its base.
+"""LoRA adapters as GGUF files in llama.cpp's adapter format, served by `llama-server --lora`.
 
 The format is what llama.cpp's convert_lora_to_gguf.py writes and its llama-adapter.cpp loads: `general.type =
 adapter`, `adapter.type = lora`, `adapter.lora.alpha` (float32) and `general.architecture` = the base's; for each
@@ -6,7 +6,8 @@ adapted matrix `W` (llama.cpp's name, e.g. `blk.0.attn_q.weight`) the tensors `W
 `W.lora_b` of shape [out, r] in torch order (ggml's `ne` reversed; the loader checks `a.ne[0] == W.ne[0]`, `b.ne[1]
 == W.ne[1]`, `a.ne[1] == b.ne[0]`). llama.cpp adds `scale * alpha / r * B(A x)` with r read from lora_b, so PEFT's
 `alpha / r` carries over unchanged. Llama stores q/k rows with the rotary halves interleaved: lora_b of q_proj and
-k_proj (their output rows) gets the merged export's permutation. Tensors are F32 (the converter's default) or F16.
+k_proj (their output rows) gets the merged export's permutation; Phi-3's fused qkv_proj and gate_up_proj adapt
+llama.cpp's attn_qkv and ffn_up, whose rows are HF's. Tensors are F32 (the converter's default) or F16.
 No weight of the base is read: its architecture, layer and head counts come from its GGUF file or its config.
 """
 
@@ -126,15 +127,3 @@ def _output_rows(lora_b: np.ndarray, name: str, base: Base) -> np.ndarray:
     if base.arch in gguf_out.ROTARY_INTERLEAVED and name.endswith(("attn_q", "attn_k")):
         return gguf_out.interleave_rotary(lora_b, base.heads if name.endswith("attn_q") else base.kv_heads)
     return lora_b
-
-
-def modelfile(base: Path, adapter: Path) -> str:
-    """An Ollama Modelfile: the base GGUF with the adapter GGUF on it, both as absolute paths.
-
-    No TEMPLATE: Ollama's templates are Go templates, and a GGUF's tokenizer.chat_template is Jinja, which lcsb does
-    not translate. Without TEMPLATE `ollama create` reads the base GGUF's chat template itself and takes the nearest
-    of its own Go templates (with that template's stop words) when one is close (SmolLM2's matches `chatml`); a base
-    without a chat template gets Ollama's plain `{{ .Prompt }}`. No PARAMETER stop: llama.cpp already ends a reply
-    at the vocabulary's end-of-generation tokens, and a `stop` line would replace the detected template's stop words.
-    """
-    return f"FROM {base.resolve()}\nADAPTER {adapter.resolve()}\n"

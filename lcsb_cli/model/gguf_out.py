@@ -1,4 +1,5 @@
-"""GGUF files out: a merged model written as one GGUF file with the `gguf` package, readable by llama.cpp.
+"""GGUF files out: a merged model written as one GGUF file with the `gguf` package, readable by llama.cpp, and the
+Ollama Modelfile that imports it.
 
 A model that came from a GGUF file keeps that file's own metadata (architecture keys, tokenizer, chat template);
 only its tensors and file type are new. A model from an HF checkpoint gets what llama.cpp's converter writes for
@@ -41,6 +42,19 @@ def check_exportable(model_type: str) -> str:
             f"not {model_type!r}; export --merge --format hf and convert that with llama.cpp"
         )
     return ARCHITECTURES[model_type]
+
+
+def modelfile(model: Path) -> str:
+    """An Ollama Modelfile for the merged GGUF `model`, named by its absolute path: `ollama create NAME -f` takes it.
+
+    FROM a merged file already at the type it runs in: Ollama 0.34.1 and later take no ADAPTER line or LoRA GGUF
+    (ollama/ollama#14969) and no longer quantize on import, so `--outtype` is the served type. No TEMPLATE:
+    Ollama's templates are Go templates and the file's tokenizer.chat_template (the base's) is Jinja, which lcsb does
+    not translate; `ollama create` reads that template itself and takes the nearest of its own Go templates, with its
+    stop words, when one is close (SmolLM2's matches chatml). No PARAMETER stop: llama.cpp already ends a reply at
+    the vocabulary's end-of-generation tokens, and a stop line would replace the detected template's stop words.
+    """
+    return f"FROM {model.resolve()}\n"
 
 
 def write_gguf(model, tokenizer_dir: Path, target: Path, outtype: str, source: Path | None) -> None:
