@@ -84,11 +84,16 @@ def evaluated(recipe: Recipe, adapter: Path | None, run_dir: Path | None) -> dic
 def _per_user_eval(loaded, recipe: Recipe, run_dir: Path | None, phase=silent):
     """LaMP-2 per-user runs: each user's questions with that user's adapter (the base model without a run dir)."""
     from ..data import TAGS, user_profile_questions, users
+    from ..model.adapter import load_into
 
     items, preds, per_user, hits = [], [], {}, 0
-    for user_id, user_questions in users(recipe).items():
+    by_user = users(recipe)
+    # every user's adapter checked before the first is evaluated
+    for user_id in by_user if run_dir is not None else ():
+        _check_user_adapter(loaded.model, RunDir(run_dir).user_adapter(user_id))
+    for user_id, user_questions in by_user.items():
         if run_dir is not None:
-            _load_user_adapter(loaded.model, RunDir(run_dir).user_adapter(user_id))
+            load_into(loaded.model, RunDir(run_dir).user_adapter(user_id))
         with phase(user_id, len(user_questions)) as advance:
             user_preds, metrics = evaluate_items(loaded.model, loaded.tokenizer, user_questions, recipe, TAGS)
             advance(len(user_questions))
@@ -111,13 +116,10 @@ def _per_user_eval(loaded, recipe: Recipe, run_dir: Path | None, phase=silent):
     return items, preds, metrics
 
 
-def _load_user_adapter(model, path: Path) -> None:
-    from peft import set_peft_model_state_dict
-    from safetensors.torch import load_file
-
+def _check_user_adapter(model, path: Path) -> None:
     from ..errors import BadInput
+    from ..model.adapter import check_fits
 
-    weights = path / "adapter_model.safetensors"
-    if not weights.is_file():
+    if not path.is_dir():
         raise BadInput(f"{path}: this user's adapter is missing; finish the run with `lcsb train ... --resume`")
-    set_peft_model_state_dict(model, load_file(weights))
+    check_fits(model, path)

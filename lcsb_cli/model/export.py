@@ -12,6 +12,7 @@ from .. import atomic
 from ..errors import BadInput
 from ..recipe import replace_key
 from ..run.rundir import RunDir, finished_run
+from . import adapter as adapters
 from . import gguf_adapter, gguf_out
 
 FORMATS = ("hf", "gguf")
@@ -44,6 +45,7 @@ def export_run(
     if merge:
         atomic.write_dir(output, lambda tmp: _merged_hf(recipe, adapter, tmp))
     else:
+        checked_adapter(recipe, adapter)
         atomic.write_dir(output, lambda tmp: shutil.copytree(adapter, tmp, dirs_exist_ok=True))
     return output
 
@@ -85,8 +87,8 @@ def _adapter_gguf(run: RunDir, output: Path, user: str | None, outtype: str) -> 
     recipe, adapter = finished_run(run.root, user)
     _check_new_file(output)
     base = gguf_adapter.base_of(recipe)
-    name = _gguf_name(recipe, user)
-    atomic.write_file(output, lambda tmp: gguf_adapter.write_adapter(adapter, base, tmp, outtype, name))
+    name, checked = _gguf_name(recipe, user), checked_adapter(recipe, adapter)
+    atomic.write_file(output, lambda tmp: gguf_adapter.write_adapter(checked, base, tmp, outtype, name))
     return output
 
 
@@ -106,11 +108,12 @@ def _users_gguf(run: RunDir, output: Path, outtype: str) -> Path:
     recipe, _ = finished_run(run.root, users[0])
     _check_new_dir(output)
     base = gguf_adapter.base_of(recipe)
+    checked = {user: checked_adapter(recipe, run.user_adapter(user)) for user in users}
 
     def write(tmp: Path) -> None:
         for user in users:
             name = _gguf_name(recipe, user)
-            gguf_adapter.write_adapter(run.user_adapter(user), base, tmp / f"{user}.gguf", outtype, name)
+            gguf_adapter.write_adapter(checked[user], base, tmp / f"{user}.gguf", outtype, name)
 
     atomic.write_dir(output, write)
     return output
@@ -142,15 +145,22 @@ def _check_gguf_architecture(recipe) -> None:
     gguf_out.check_exportable(check_causal_lm(base_dir, recipe.model.trust_remote_code).model_type)
 
 
+def checked_adapter(recipe, adapter: Path) -> adapters.Adapter:
+    """The run's adapter, checked against its base's config (on the meta device: no weights are loaded)."""
+    from .load import check_causal_lm, resolve_base_dir
+
+    trust = recipe.model.trust_remote_code
+    config = check_causal_lm(resolve_base_dir(recipe.model.name, recipe.model.dtype), trust)
+    return adapters.check_for_base(adapter, config, trust)
+
+
 def merged_model(recipe, adapter: Path):
     """(base + adapter merged, base checkpoint dir). Merging needs full-precision base weights: the base is loaded
     unquantized in the recipe's dtype."""
-    from peft import PeftModel
-
     from .load import load_base
 
     base, _, base_dir = load_base(replace_key(recipe, "quantization", "none"), torch.device("cpu"))
-    merged = PeftModel.from_pretrained(base, adapter).merge_and_unload()
+    merged = adapters.load(base, adapter).merge_and_unload()
     merged.config.use_cache = True
     return merged, base_dir
 

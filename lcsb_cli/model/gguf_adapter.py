@@ -13,7 +13,6 @@ No weight of the base is read: its architecture, layer and head counts come from
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,13 +20,10 @@ import numpy as np
 
 from ..errors import BadInput
 from . import gguf_in, gguf_out
+from .adapter import ARCHITECTURES, PEFT_PREFIX, Adapter
 
-# HF model_type -> GGUF architecture, for adapters: the merged export's and Gemma 3 (its q/k rows as in HF)
-ARCHITECTURES = {**gguf_out.ARCHITECTURES, "gemma3_text": "gemma3"}
 # --outtype of an adapter GGUF -> numpy dtype (the GGML type follows it)
 OUTTYPES = {"f32": np.float32, "f16": np.float16}
-# what peft puts before a module's name in adapter_model.safetensors
-PEFT_PREFIX = "base_model.model."
 
 
 @dataclass(frozen=True)
@@ -82,15 +78,14 @@ def _hf_base(recipe) -> Base:
     return Base(arch, config.num_hidden_layers, config.num_attention_heads, config.num_key_value_heads, None)
 
 
-def write_adapter(adapter: Path, base: Base, target: Path, outtype: str, name: str) -> None:
-    """Write the PEFT adapter dir `adapter` to `target` as llama.cpp's adapter GGUF, its matrices in `outtype`."""
+def write_adapter(adapter: Adapter, base: Base, target: Path, outtype: str, name: str) -> None:
+    """Write the checked PEFT adapter `adapter` to `target` as llama.cpp's adapter GGUF, its matrices in `outtype`."""
     import gguf
 
-    config = json.loads((adapter / "adapter_config.json").read_text())
     writer = gguf.GGUFWriter(target, base.arch)
     writer.add_type(gguf.GGUFType.ADAPTER)
     writer.add_string(gguf.Keys.Adapter.TYPE, "lora")
-    writer.add_float32(gguf.Keys.Adapter.LORA_ALPHA, float(config["lora_alpha"]))
+    writer.add_float32(gguf.Keys.Adapter.LORA_ALPHA, float(adapter.config.lora_alpha))
     writer.add_name(name)
     writer.add_file_type(gguf.LlamaFileType.ALL_F32 if outtype == "f32" else gguf.LlamaFileType.MOSTLY_F16)
     writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
@@ -102,17 +97,17 @@ def write_adapter(adapter: Path, base: Base, target: Path, outtype: str, name: s
     writer.close()
 
 
-def lora_tensors(adapter: Path, base: Base):
+def lora_tensors(adapter: Adapter, base: Base):
     """(llama.cpp name, float32 array) of every lora_a and lora_b, in the adapter file's order."""
-    from safetensors.torch import load_file
-
-    weights = load_file(adapter / "adapter_model.safetensors")
+    weights = adapter.tensors
     names = gguf_out.tensor_names(base.arch, base.layers)
     for key, lora_a in weights.items():
         if key.endswith(".lora_B.weight"):
             continue
         if not key.endswith(".lora_A.weight"):
-            raise BadInput(f"{adapter}: the tensor {key} is not a LoRA A/B matrix; llama.cpp's adapter holds no other")
+            raise BadInput(
+                f"{adapter.source}: the tensor {key} is not a LoRA A/B matrix; llama.cpp's adapter holds no other"
+            )
         module = key.removeprefix(PEFT_PREFIX).removesuffix(".lora_A.weight")
         name = names.get_name(module)
         if name is None:

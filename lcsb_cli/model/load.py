@@ -21,6 +21,7 @@ from ..errors import BadInput
 from ..paths import CONFIGS_DIR, cache_root
 from ..recipe import Recipe
 from ..recipe_schema import ALL_LINEAR
+from . import adapter as adapters
 from . import gguf_in, memory, streamed
 
 PRESET_DIR = CONFIGS_DIR / "models"
@@ -291,7 +292,7 @@ def _open_cache(path: Path) -> streamed.QuantizedFile | None:
 
 def load_model(recipe: Recipe, device: torch.device, adapter: Path | None = None) -> LoadedModel:
     """Base model (quantized if asked) with LoRA on `recipe.lora.targets` (fresh, or `adapter`'s weights)."""
-    from peft import LoraConfig, PeftModel, get_peft_model
+    from peft import LoraConfig, get_peft_model
 
     from .mesp import use_mesp
 
@@ -300,9 +301,7 @@ def load_model(recipe: Recipe, device: torch.device, adapter: Path | None = None
     memory.limit_kernel_caches(recipe.memory.kernel_cache)
     model, config, base_dir = load_base(recipe, device)
     if adapter is not None:
-        if not (Path(adapter) / "adapter_config.json").is_file():
-            raise BadInput(f"--adapter: {adapter} is not a PEFT adapter dir (no adapter_config.json)")
-        peft_model = PeftModel.from_pretrained(model, adapter, is_trainable=True)
+        peft_model = adapters.load(model, adapter)
     else:
         targets = recipe.lora.targets
         if targets != [ALL_LINEAR]:

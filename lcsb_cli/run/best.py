@@ -7,7 +7,7 @@ import math
 from dataclasses import dataclass, field
 
 import torch
-from peft import get_peft_model_state_dict, set_peft_model_state_dict
+from peft import get_peft_model_state_dict
 
 # Run.stopped's value for a run that early stopping ended: a finished run, not an interrupted one
 EARLY_STOPPING = "early_stopping"
@@ -76,7 +76,3 @@ def adapter_copy(model) -> dict[str, torch.Tensor]:
     """The model's LoRA tensors as peft saves them, copied to the CPU."""
     state = get_peft_model_state_dict(model, save_embedding_layers=False)
     return {name: tensor.detach().to("cpu", copy=True) for name, tensor in state.items()}
-
-
-def load_adapter(model, tensors: dict[str, torch.Tensor]) -> None:
-    set_peft_model_state_dict(model, tensors)

@@ -16,6 +16,7 @@ from ..data import TaskData, build_train_batches, load_task
 from ..errors import BadInput
 from ..host import choose_autocast
 from ..methods import build_method, check_layer_counts
+from ..model import adapter as adapters
 from ..model.load import load_model, lora_parameters
 from ..model.losses import causal_lm_loss
 from ..model.memory import breakdown
@@ -23,7 +24,7 @@ from ..model.precision import prepare_for_autocast
 from ..recipe import Recipe
 from ..runtime import log_to
 from . import rundir
-from .best import EARLY_STOPPING, BestWatch, load_adapter
+from .best import EARLY_STOPPING, BestWatch
 from .distributed import SINGLE, World
 from .hooks import Hook, Reporter, Run, SilentReporter, check_initial_loss, hooks_for
 from .job import Job, owned_job, write_report
@@ -260,7 +261,7 @@ def _save_adapters(run: Run) -> None:
         return
     save_adapter(run.loaded.model, RunDir(run.run_dir).adapter_last)
     if run.watch.adapter is not None:
-        load_adapter(run.loaded.model, run.watch.adapter)
+        adapters.apply(run.loaded.model, run.watch.adapter, f"the best adapter (step {run.watch.best_step})")
     save_adapter(run.loaded.model, run.adapter_dir)
 
 

@@ -5,11 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from peft import get_peft_model_state_dict, set_peft_model_state_dict
+from peft import get_peft_model_state_dict
 
 from ..atomic import write_dir
 from ..errors import BadInput
-from .checkpoint import CorruptCheckpoint, checkpoint_dirs, load_checkpoint, save_checkpoint, step_of
+from ..model import adapter as adapters
+from .checkpoint import ADAPTER_FILE, CorruptCheckpoint, checkpoint_dirs, load_checkpoint, save_checkpoint, step_of
 from .rundir import RunDir
 
 KEEP_CHECKPOINTS = 3
@@ -44,7 +45,7 @@ def resume_state(run_dir: Path, trainer) -> tuple[int, float, list[dict], dict |
         except CorruptCheckpoint as exc:
             notes.append({"step": step_of(path), "event": "checkpoint_corrupt", "reason": str(exc)})
             continue
-        restore(adapter, state, trainer)
+        restore(adapter, state, trainer, path / ADAPTER_FILE)
         step = int(state["step"])
         for note in notes:
             note["resumed_from"] = step
@@ -52,8 +53,8 @@ def resume_state(run_dir: Path, trainer) -> tuple[int, float, list[dict], dict |
     raise BadInput(f"{run_dir}: no intact checkpoint to resume from ({notes[-1]['reason'] if notes else 'none'})")
 
 
-def restore(adapter: dict, state: dict, trainer) -> None:
-    set_peft_model_state_dict(trainer.model, adapter)
+def restore(adapter: dict, state: dict, trainer, source: Path) -> None:
+    adapters.apply(trainer.model, adapter, source)
     trainer.optimizer.load_state_dict(state["optimizer"])
     trainer.lr_scheduler.load_state_dict(state["lr_scheduler"])
     trainer.method.load_state_dict(state["method"])
