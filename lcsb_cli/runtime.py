@@ -5,7 +5,8 @@
   bitsandbytes calls directly on CPUs with AVX512-BF16) cannot be imported, so nothing fetches and runs kernel
   code the user did not install.
 - lcsb owns stderr: third-party log records and Python warnings go to the run's log file (or nowhere before a
-  run directory exists); `--verbose` shows them on stderr too. Libraries that attach their own terminal handler
+  run directory exists); `--verbose` shows them on stderr too. Output a library writes to stderr itself (a progress
+  bar) is made into records where lcsb calls it (`stderr_to_log`). Libraries that attach their own terminal handler
   (transformers, datasets, huggingface_hub) are kept from doing so.
 """
 
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import io
 import logging
 import os
 import sys
@@ -157,6 +159,26 @@ def logging_into(path: Path):
         yield
     finally:
         RECORDS.attach(previous)
+
+
+@contextlib.contextmanager
+def stderr_to_log(name: str):
+    """What a library writes straight to stderr during the block (a tqdm progress bar, which is not a log record)
+    becomes INFO records of the logger `stderr.<name>` (outside the library's own logger, whose level may drop
+    INFO), one per line as last drawn; with --verbose it stays on stderr."""
+    if RECORDS.verbose:
+        yield
+        return
+    text = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(text):
+            yield
+    finally:
+        for line in text.getvalue().split("\n"):
+            # a bar redraws its line after each carriage return: the last drawing is the final state
+            drawn = next((part.strip() for part in reversed(line.split("\r")) if part.strip()), None)
+            if drawn:
+                logging.getLogger(f"stderr.{name}").info(drawn)
 
 
 def install() -> None:

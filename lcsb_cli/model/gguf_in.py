@@ -22,6 +22,7 @@ import torch
 
 from .. import atomic
 from ..errors import BadInput
+from ..runtime import stderr_to_log
 from .gguf_index import GgufIndex
 
 MAGIC = b"GGUF"
@@ -153,10 +154,12 @@ def _convert(path: Path, target: Path, dtype: torch.dtype, metadata: dict, overr
 
     where = dict(pretrained_model_name_or_path=path.parent, gguf_file=path.name)
     try:
-        model = AutoModelForCausalLM.from_pretrained(
-            **where, dtype=dtype, quantization_config=GgufConfig(dequantize=True), **overrides
-        )
-        tokenizer = AutoTokenizer.from_pretrained(**where)
+        # transformers draws a tqdm bar over the file's tensors on stderr
+        with stderr_to_log("transformers"):
+            model = AutoModelForCausalLM.from_pretrained(
+                **where, dtype=dtype, quantization_config=GgufConfig(dequantize=True), **overrides
+            )
+            tokenizer = AutoTokenizer.from_pretrained(**where)
     except (ValueError, NotImplementedError, KeyError, OSError) as exc:
         raise BadInput(
             f"model.name: transformers cannot read the {metadata['architecture']!r} model in {path.name}: "
