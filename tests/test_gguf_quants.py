@@ -1,7 +1,7 @@
 """lcsb's torch dequantizers against the gguf package's numpy reference, bit for bit: random blocks of every
 supported block format, then the first rows of every supported tensor of two real files (SmolLM2's Q4_1 and
-Gemma 3 270M's Q4_K_M; test_gguf_families.py adds the Q2_K, Q3_K, IQ4_NL and IQ4_XS files llama.cpp's quantizer
-makes)."""
+Gemma 3 270M's Q4_K_M) and of the Q2_K, Q3_K_M, IQ4_NL and IQ4_XS files llama.cpp's quantizer makes of a tiny
+llama."""
 
 from __future__ import annotations
 
@@ -123,6 +123,28 @@ def test_smollm2_q4_1_file_is_bit_identical():
 @pytest.mark.slow
 def test_gemma3_q4_k_m_file_is_bit_identical(gemma3_file):
     assert_file_matches_reference(gemma3_file, {"F32", "Q5_0", "Q4_K", "Q8_0", "Q6_K"})
+
+
+@pytest.mark.parametrize(
+    "file_type, types",
+    [
+        ("Q2_K", {"F32", "Q2_K", "Q3_K", "Q4_K", "Q6_K"}),
+        ("Q3_K_M", {"F32", "Q3_K", "Q4_K", "Q5_K", "Q6_K"}),
+        ("IQ4_NL", {"F32", "IQ4_NL", "Q5_K", "Q6_K"}),
+        ("IQ4_XS", {"F32", "IQ4_XS", "Q5_K", "Q6_K"}),
+    ],
+)
+def test_llama_cpp_made_files_of_the_new_types_are_bit_identical(file_type, types):
+    """Files llama.cpp's own quantizer made (from the tiny llama of tests/gguf_families.py)."""
+    from gguf_families import family_file
+
+    assert_file_matches_reference(family_file("llama", file_type), types)
+
+
+@pytest.mark.parametrize("qtype", sorted(set(T) - gguf_quants.SUPPORTED, key=lambda qtype: qtype.name))
+def test_every_other_type_is_refused_naming_the_tensor_and_the_type(qtype):
+    with pytest.raises(BadInput, match=f"^blk.0.ffn_up.weight: GGUF type {qtype.name} is not supported"):
+        gguf_quants.check_supported("blk.0.ffn_up.weight", qtype, (256, 256))
 
 
 def test_an_unsupported_type_names_the_tensor_and_the_type():
