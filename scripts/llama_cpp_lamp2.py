@@ -14,18 +14,14 @@ from pathlib import Path
 
 from lcsb_cli.data import TAGS, load_task
 from lcsb_cli.evaluate.labels import prompt_ids
+from lcsb_cli.model.llama_cpp import LlamaCpp
 from lcsb_cli.model.load import gguf_source, load_tokenizer, resolve_base_dir
 from lcsb_cli.run.rundir import finished_run
 
 
 def answers(model_path: Path, lora: Path | None, prompts: list[list[int]]) -> list[str]:
-    from llama_cpp import Llama
-
-    llm = Llama(str(model_path), lora_path=str(lora) if lora else None, n_ctx=1024, n_threads=2, verbose=False)
-    return [
-        llm.create_completion(prompt, max_tokens=8, temperature=0.0, stop=["\n"])["choices"][0]["text"].strip()
-        for prompt in prompts
-    ]
+    with LlamaCpp(model_path, lora, n_ctx=1024) as llm:
+        return [llm.complete(prompt).strip() for prompt in prompts]
 
 
 def main() -> None:

@@ -10,15 +10,12 @@ file, and how far it is when every packed product's input is rounded that way to
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from gguf_readers import LlamaCpp
-
 from lcsb_cli.model import packed
+from lcsb_cli.model.llama_cpp import LlamaCpp
 from lcsb_cli.model.load import gguf_source, load_model
 from lcsb_cli.recipe import load_recipe
 
@@ -52,7 +49,7 @@ def main() -> None:
     with LlamaCpp(gguf_source(args.preset)) as cpp:
         for prompt in PROMPTS:
             ids = cpp.tokenize(prompt)
-            reference = cpp.logits(ids)
+            reference = torch.from_numpy(cpp.logits(ids))
             rows = {}
             for name, forward in (("exact", exact_forward), ("q8", lambda self, x: exact_forward(self, q8_blocks(x)))):
                 packed.PackedLinear.forward = forward

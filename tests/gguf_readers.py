@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 import torch
+
+from lcsb_cli.model import llama_cpp
 
 
 def transformers_model(path: Path, dtype: torch.dtype = torch.float32):
@@ -20,36 +21,12 @@ def transformers_tokenizer(path: Path):
     return AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
 
 
-class LlamaCpp:
-    """A GGUF file loaded by llama.cpp: tokenizer, logits for a token sequence, greedy continuation."""
-
-    def __init__(self, path: Path, n_ctx: int = 512):
-        from llama_cpp import Llama
-
-        self.llm = Llama(str(path), logits_all=True, verbose=False, n_ctx=n_ctx, n_threads=2, seed=0)
-
-    def __enter__(self) -> LlamaCpp:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.llm.close()
-
-    def tokenize(self, text: str) -> list[int]:
-        return self.llm.tokenize(text.encode(), add_bos=False, special=True)
+class LlamaCpp(llama_cpp.LlamaCpp):
+    """A GGUF file loaded by llama.cpp through the project's helper (a child process, extra buffer types off), its
+    logits as a torch tensor."""
 
     def logits(self, ids: list[int]) -> torch.Tensor:
-        self.llm.reset()
-        self.llm.eval(ids)
-        return torch.tensor(np.array(self.llm.scores[: len(ids)]))
-
-    def greedy(self, ids: list[int], new_tokens: int) -> list[int]:
-        self.llm.reset()
-        self.llm.eval(ids)
-        out = []
-        for _ in range(new_tokens):
-            out.append(int(np.argmax(self.llm.scores[self.llm.n_tokens - 1])))
-            self.llm.eval(out[-1:])
-        return out
+        return torch.from_numpy(super().logits(ids))
 
 
 def hf_logits(model, ids: list[int]) -> torch.Tensor:

@@ -41,16 +41,6 @@ PROMPTS = [
 ]
 
 
-class Llama(LlamaCpp):
-    """llama.cpp on a GGUF file, with a LoRA adapter GGUF applied at scale 1 when `lora` is given."""
-
-    def __init__(self, path: Path, lora: Path | None = None, n_ctx: int = 256):
-        from llama_cpp import Llama as Cpp
-
-        lora_path = str(lora) if lora is not None else None
-        self.llm = Cpp(str(path), lora_path=lora_path, logits_all=True, verbose=False, n_ctx=n_ctx, n_threads=2, seed=0)
-
-
 def rebased(run: Path, target: Path, name: str) -> Path:
     """A copy of a finished run (config.yaml and adapter/) whose config names another base."""
     target.mkdir(parents=True)
@@ -132,9 +122,9 @@ def test_llama_cpp_applies_the_adapter_as_the_merged_model_and_lcsb_do(tiny, arc
     loaded = models.load_model(load_recipe(files["run"] / "config.yaml"), torch.device("cpu"), files["run"] / "adapter")
     model = loaded.model.eval()
     with (
-        Llama(files["base"]) as plain,
-        Llama(files["merged"]) as merged,
-        Llama(files["base"], lora=files["adapter"]) as adapted,
+        LlamaCpp(files["base"]) as plain,
+        LlamaCpp(files["merged"]) as merged,
+        LlamaCpp(files["base"], lora=files["adapter"]) as adapted,
     ):
         for prompt in PROMPTS:
             ids = loaded.tokenizer(prompt).input_ids
@@ -292,7 +282,7 @@ def lcsb_logits(run: Path) -> tuple[list[list[int]], dict[str, torch.Tensor]]:
 
 def llama_logits(base: Path, lora: Path | None, prompts: list[list[int]]) -> torch.Tensor:
     """llama.cpp's logits on the GGUF file `base` (with the adapter GGUF `lora`) at every position of the prompts."""
-    with Llama(base, lora=lora, n_ctx=64) as llama:
+    with LlamaCpp(base, lora=lora, n_ctx=64) as llama:
         return torch.cat([llama.logits(ids) for ids in prompts])
 
 
@@ -373,6 +363,8 @@ def check_real_base(run: Path, base: Path, tmp_path: Path) -> Path:
 
 
 @pytest.mark.slow
+# a real base trained, exported and run twice in llama.cpp: 300 and 660 s here beside three other jobs
+@pytest.mark.timeout(1800)
 def test_llama_cpp_applies_a_smollm2_adapter_on_its_q4_1_file(tmp_path):
     run = tmp_path / "run"
     train(load_recipe(REPO / "recipes" / "text-smollm2.yaml", REAL_RUN), run, Quiet())
@@ -387,6 +379,8 @@ def gemma3_file(tmp_path_factory) -> Path:
 
 
 @pytest.mark.slow
+# a real base trained, exported and run twice in llama.cpp: 300 and 660 s here beside three other jobs
+@pytest.mark.timeout(1800)
 def test_llama_cpp_applies_a_gemma3_adapter_on_its_q4_k_m_file(gemma3_file, tmp_path):
     run = tmp_path / "run"
     train(load_recipe(REPO / "recipes" / "text-smollm2.yaml", [*REAL_RUN, f"model.name={gemma3_file}"]), run, Quiet())
