@@ -26,20 +26,63 @@ COMMON = dict(
     bos_token_id=0,
     eos_token_id=0,
 )
-# name -> (transformers model_type, its config beyond COMMON)
+# name -> (transformers model_type, its config beyond COMMON); three carry the rotary scaling of the family's
+# downloads (Llama 3.2's frequency factors, Gemma 3 4B's linear factor 8, Phi-4-mini's LongRoPE), their original
+# context a few tokens long so that it acts within the tests' rows
 FAMILIES = {
-    "llama": ("llama", dict(num_attention_heads=8, num_key_value_heads=2)),
+    "llama": (
+        "llama",
+        dict(
+            num_attention_heads=8,
+            num_key_value_heads=2,
+            rope_parameters=dict(
+                rope_type="llama3",
+                rope_theta=500000.0,
+                factor=32.0,
+                low_freq_factor=1.0,
+                high_freq_factor=4.0,
+                original_max_position_embeddings=16,
+            ),
+        ),
+    ),
     "qwen2": ("qwen2", dict(num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)),
     "qwen3-64": ("qwen3", dict(num_attention_heads=4, num_key_value_heads=2, head_dim=64)),
     "qwen3-128": ("qwen3", dict(num_attention_heads=2, num_key_value_heads=1, head_dim=128)),
     "mistral": ("mistral", dict(num_attention_heads=4, num_key_value_heads=2, sliding_window=None)),
-    # llama.cpp scales Gemma 3's attention by the head size (27B aside); a window shorter than the test rows
+    # llama.cpp scales Gemma 3's attention by the head size (27B aside); a window shorter than the test rows, and six
+    # layers so that one (the sixth) is global
     "gemma3": (
         "gemma3_text",
-        dict(num_attention_heads=4, num_key_value_heads=1, head_dim=64, query_pre_attn_scalar=64, sliding_window=16),
+        dict(
+            num_hidden_layers=6,
+            num_attention_heads=4,
+            num_key_value_heads=1,
+            head_dim=64,
+            query_pre_attn_scalar=64,
+            sliding_window=16,
+            rope_parameters=dict(
+                full_attention=dict(rope_type="linear", factor=8.0, rope_theta=1000000.0),
+                sliding_attention=dict(rope_type="default", rope_theta=10000.0),
+            ),
+        ),
     ),
-    # Phi-4-mini's partial rotation (3/4 of each head)
-    "phi3": ("phi3", dict(num_attention_heads=4, num_key_value_heads=4, partial_rotary_factor=0.75)),
+    # Phi-4-mini's partial rotation (3/4 of each head: 24 frequencies) and LongRoPE
+    "phi3": (
+        "phi3",
+        dict(
+            num_attention_heads=4,
+            num_key_value_heads=4,
+            original_max_position_embeddings=32,
+            rope_parameters=dict(
+                rope_type="longrope",
+                rope_theta=10000.0,
+                partial_rotary_factor=0.75,
+                short_factor=[1.0 + index / 16 for index in range(24)],
+                long_factor=[1.0 + index / 2 for index in range(24)],
+                original_max_position_embeddings=32,
+            ),
+        ),
+    ),
 }
 # llama.cpp's file types (llama_ftype) by name
 FILE_TYPES = {"Q4_K_M": 15, "Q8_0": 7, "Q2_K": 10, "Q3_K_M": 12, "IQ4_NL": 25, "IQ4_XS": 30, "TQ2_0": 37}
@@ -70,7 +113,7 @@ def checkpoint(family: str):
     from transformers import AutoConfig, AutoModelForCausalLM
 
     model_type, extra = FAMILIES[family]
-    config = AutoConfig.for_model(model_type, **COMMON, **extra)
+    config = AutoConfig.for_model(model_type, **{**COMMON, **extra})
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config).eval()
     with torch.no_grad():
@@ -101,8 +144,64 @@ def _write_f16(family: str, path: Path) -> None:
     if family == "gemma3":
         _write_gemma3(model, partial)
     else:
+        scaling = _rope_scaling(model)
+        rope = model.config.rope_parameters
+        # lcsb's writer writes a plain rotation; the scaling is added to its file as llama.cpp's converter writes it
+        model.config.rope_parameters = {
+            key: rope[key] for key in ("rope_theta", "partial_rotary_factor") if key in rope
+        } | {"rope_type": "default"}
         write_gguf(model, TOKENIZER, partial, "f16", None)
+        if scaling is not None:
+            _rewrite(partial, *scaling)
     partial.rename(path)
+
+
+def _rope_scaling(model) -> tuple[dict, dict] | None:
+    """(keys, tensors) llama.cpp's converter adds for the model's rotary scaling: Llama 3's `rope_freqs` (each
+    frequency's divisor), LongRoPE's factor tensors with the original context and attention factor."""
+    import numpy as np
+
+    rope, rotary = model.config.rope_parameters, model.model.rotary_emb
+    if rope["rope_type"] == "llama3":
+        plain = type(rotary).compute_default_rope_parameters(model.config)[0]
+        return {}, {"rope_freqs.weight": (plain / rotary.inv_freq).numpy()}
+    if rope["rope_type"] == "longrope":
+        keys = {
+            "rope.scaling.attn_factor": (rotary.attention_scaling, "FLOAT32"),
+            "rope.scaling.original_context_length": (rope["original_max_position_embeddings"], "UINT32"),
+        }
+        tensors = {
+            f"rope_factors_{kind}.weight": np.array(rope[f"{kind}_factor"], np.float32) for kind in ("short", "long")
+        }
+        return keys, tensors
+    return None
+
+
+def _rewrite(path: Path, keys: dict, tensors: dict) -> None:
+    """The GGUF file at `path` again, with more architecture keys ({name: (value, GGUFValueType name)}) and F32
+    tensors."""
+    import gguf
+    import numpy as np
+
+    reader = gguf.GGUFReader(path)
+    arch = reader.fields["general.architecture"].contents()
+    rewritten = path.with_suffix(".rewrite")
+    writer = gguf.GGUFWriter(rewritten, arch)
+    for key, field in reader.fields.items():
+        if not key.startswith(("GGUF.", "general.architecture")):
+            sub_type = field.types[-1] if len(field.types) > 1 else None
+            writer.add_key_value(key, field.contents(), field.types[0], sub_type=sub_type)
+    for key, (value, kind) in keys.items():
+        writer.add_key_value(f"{arch}.{key}", value, gguf.GGUFValueType[kind])
+    for tensor in reader.tensors:
+        writer.add_tensor(tensor.name, np.array(tensor.data))
+    for name, data in tensors.items():
+        writer.add_tensor(name, data.astype(np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    rewritten.rename(path)
 
 
 def _write_gemma3(model, path: Path) -> None:
@@ -126,6 +225,8 @@ def _write_gemma3(model, path: Path) -> None:
     writer.add_layer_norm_rms_eps(config.rms_norm_eps)
     writer.add_rope_freq_base(config.rope_parameters["full_attention"]["rope_theta"])
     writer.add_sliding_window(config.sliding_window)
+    writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+    writer.add_rope_scaling_factor(config.rope_parameters["full_attention"]["factor"])
     writer.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
     _write_spm_vocab(writer, config.vocab_size)
     names = tensor_names("gemma3", config.num_hidden_layers)

@@ -5,9 +5,8 @@ conversion drops the GGUF quantizer and saves the dequantized weights in the rec
 tokenizer (chat template and EOS included) and generation config. From then on the base is a plain checkpoint:
 bitsandbytes, the streamed 4-bit build, npu-sim and export all read it unchanged.
 
-transformers' map from GGUF metadata to its config leaves out keys that llama.cpp reads (Qwen3's head size,
-Phi-3's rotary dimensions, Gemma 3's attention scale), so its config falls back to the class defaults for them;
-`config_overrides` sets each from the file, as llama.cpp reads it, or refuses a file transformers cannot express.
+transformers' map from GGUF metadata to its config leaves out keys that llama.cpp reads; `gguf_config` gives them
+to `from_pretrained` as config arguments, from the file as llama.cpp reads it.
 """
 
 from __future__ import annotations
@@ -23,6 +22,7 @@ import torch
 from .. import atomic
 from ..errors import BadInput
 from ..runtime import stderr_to_log
+from .gguf_config import config_overrides
 from .gguf_index import GgufIndex
 
 MAGIC = b"GGUF"
@@ -30,14 +30,6 @@ MAGIC = b"GGUF"
 PROVENANCE = "lcsb_gguf_source.json"
 # the one file a conversion leaves besides its entry
 LOCK = ".convert.lock"
-# the GGUF architectures whose transformers config was checked against what llama.cpp reads from the metadata
-# (mistral files are llama); of those, the ones whose config takes head_dim (the others compute hidden_size / heads)
-# and the ones whose model rotates part of each head (rope_parameters' partial_rotary_factor)
-CHECKED = {"llama", "qwen2", "qwen3", "phi3", "gemma3"}
-HEAD_DIM_IN_CONFIG = {"llama", "qwen3", "gemma3"}
-PARTIAL_ROTARY = {"phi3"}
-# Gemma 3 27B (62 layers) scales attention by hidden_size / heads, every other size by the head size (llama.cpp)
-GEMMA3_27B_LAYERS = 62
 
 
 def is_gguf_name(name: str) -> bool:
@@ -54,7 +46,7 @@ def converted_checkpoint(path: Path, dtype: torch.dtype, cache: Path) -> Path:
 
     check_magic(path)
     index = GgufIndex(path)
-    overrides = config_overrides(index.fields)
+    overrides = config_overrides(index.fields, index.tensors)
     digest = file_sha256(path)
     libraries = f"{version('transformers')}/{version('gguf')}"
     recipe = f"{digest}/{dtype}/{json.dumps(overrides, sort_keys=True)}/{libraries}"
@@ -104,49 +96,6 @@ def read_metadata(path: Path, index: GgufIndex) -> dict:
         "gguf_file_type": gguf.LlamaFileType(file_type).name if file_type is not None else None,
         "tensor_types": dict(Counter(tensor.tensor_type.name for tensor in index.tensors.values())),
     }
-
-
-def config_overrides(fields: dict) -> dict:
-    """The config values transformers' GGUF map does not read for this file, as llama.cpp reads the metadata: the
-    head size (`attention.key_length`, else hidden size / heads), the rotary dimensions (`rope.dimension_count`,
-    else the head size) and Gemma 3's attention scale. BadInput for a file that transformers' model of its
-    architecture cannot hold. Architectures not in CHECKED keep transformers' own reading."""
-    arch = fields["general.architecture"]
-
-    def key(name: str, default=None):
-        return fields.get(f"{arch}.{name}", default)
-
-    heads, hidden = key("attention.head_count"), key("embedding_length")
-    # per-layer head counts (an array, skipped by the index) or none: transformers' own map decides
-    if arch not in CHECKED or not isinstance(heads, int) or not heads or not hidden:
-        return {}
-    head_dim = key("attention.key_length") or hidden // heads
-    rotary = key("rope.dimension_count") or head_dim
-    if key("attention.value_length", head_dim) != head_dim:
-        raise _cannot_hold(
-            arch, f"its values have {key('attention.value_length')} dimensions a head, its keys {head_dim}"
-        )
-    overrides = {}
-    if arch in HEAD_DIM_IN_CONFIG:
-        overrides["head_dim"] = head_dim
-    elif head_dim != hidden // heads:
-        raise _cannot_hold(arch, f"its heads have {head_dim} dimensions, not hidden size / heads")
-    if rotary != head_dim:
-        if arch not in PARTIAL_ROTARY:
-            raise _cannot_hold(arch, f"it rotates {rotary} of each head's {head_dim} dimensions")
-        theta = key("rope.freq_base", 10000.0)
-        overrides["rope_parameters"] = {
-            "rope_type": "default",
-            "rope_theta": theta,
-            "partial_rotary_factor": rotary / head_dim,
-        }
-    if arch == "gemma3":
-        overrides["query_pre_attn_scalar"] = hidden // heads if key("block_count") == GEMMA3_27B_LAYERS else head_dim
-    return overrides
-
-
-def _cannot_hold(arch: str, why: str) -> BadInput:
-    return BadInput(f"model.name: transformers' {arch} model cannot hold this GGUF file: {why}")
 
 
 def _convert(path: Path, target: Path, dtype: torch.dtype, metadata: dict, overrides: dict) -> None:
