@@ -218,6 +218,13 @@ class DivergenceConfig:
     spike_factor: float = key(4.0, "a loss above this x the running median of recent losses is a spike", min=1.0)
     patience: int = key(3, "spikes in a row that count as divergence (a non-finite loss counts at once)", min=1)
     lr_backoff: float = key(0.5, "rollback multiplies the learning rate by this, in (0, 1]", min=0.0)
+    climb_nats: float = key(
+        1.0,
+        "a slow climb: the mean loss of the last climb_window steps this many nats above its lowest so far diverges "
+        "(the action returns to the state at that lowest mean); 0: off",
+        min=0.0,
+    )
+    climb_window: int = key(10, "steps whose mean loss the climb test compares", min=2)
     snapshot: Literal["memory", "disk", "none"] = key(
         "memory", "the state a divergence returns to: memory | disk (run_dir/snapshot/) | none (stop only)"
     )

@@ -25,7 +25,7 @@ def lcsb_worker(conn, recipe_dict: dict) -> None:
 
     recipe = recipe_from_dict(recipe_dict)
     trainer, loaded, _ = build_trainer(recipe)
-    trainer.good.take()
+    trainer.take_snapshots()
     loaded.model.train()
     shape = ModelShape.of(loaded.model.config, recipe)
     flops = StepFlops(shape, plan_for(recipe, shape.layers))

@@ -149,15 +149,23 @@ class GoodState:
 
 
 class DivergenceGuard:
-    """Says whether a step diverged: a non-finite loss or gradient norm, or a loss above `spike_factor` x the
-    running median of recent good losses for `patience` steps in a row."""
+    """Says whether a step diverged: a non-finite loss or gradient norm, a loss above `spike_factor` x the running
+    median of recent good losses for `patience` steps in a row, or a slow climb: the mean of the last `climb_window`
+    good losses `climb_nats` above the lowest such mean so far (0 turns the climb test off). The spike test alone
+    cannot see a climb, because its median climbs with the loss; the climb is measured in nats (a perplexity ratio),
+    not as a ratio of losses, which near zero a healthy run's noise reaches. `improved` says whether this step's loss
+    set a new lowest mean, `climbed` whether the last divergence was a climb."""
 
-    def __init__(self, spike_factor: float, patience: int):
-        self.spike_factor, self.patience = spike_factor, patience
+    def __init__(self, spike_factor: float, patience: int, climb_nats: float = 0.0, climb_window: int = 10):
+        self.spike_factor, self.patience, self.climb_nats = spike_factor, patience, climb_nats
         self.recent: deque[float] = deque(maxlen=WINDOW)
         self.spikes = 0
+        self.window: deque[float] = deque(maxlen=climb_window)
+        self.best_mean = math.inf
+        self.improved = self.climbed = False
 
     def check(self, loss: float, grad_norm: float) -> str | None:
+        self.improved = self.climbed = False
         if not math.isfinite(loss):
             return f"loss is {loss}"
         if not math.isfinite(grad_norm):
@@ -173,14 +181,35 @@ class DivergenceGuard:
             return None
         self.spikes = 0
         self.recent.append(loss)
+        return self._climb(loss)
+
+    def _climb(self, loss: float) -> str | None:
+        if not self.climb_nats:
+            return None
+        self.window.append(loss)
+        if len(self.window) < self.window.maxlen:
+            return None
+        mean = statistics.fmean(self.window)
+        if mean < self.best_mean:
+            self.best_mean, self.improved = mean, True
+        elif mean > self.best_mean + self.climb_nats:
+            self.window.clear()
+            self.climbed = True
+            return (
+                f"loss climbed: the mean of the last {self.window.maxlen} steps, {mean:.4g}, is "
+                f"{mean - self.best_mean:.3g} nats above its lowest, {self.best_mean:.4g}"
+            )
         return None
 
     def state_dict(self) -> dict:
-        return {"recent": list(self.recent), "spikes": self.spikes}
+        return {"recent": list(self.recent), "spikes": self.spikes, "window": list(self.window), "best": self.best_mean}
 
     def load_state_dict(self, state: dict) -> None:
         self.recent = deque((float(x) for x in state["recent"]), maxlen=WINDOW)
         self.spikes = int(state["spikes"])
+        # checkpoints written before the climb test have neither
+        self.window = deque((float(x) for x in state.get("window", [])), maxlen=self.window.maxlen)
+        self.best_mean = float(state.get("best", math.inf))
 
 
 def all_finite(params: list[torch.Tensor]) -> bool:

@@ -191,7 +191,7 @@ def build_trainer(
 
 def run_steps(run: Run, hooks: list[Hook]) -> None:
     """Step until max_steps, a stop (signal, window end, time limit) or a divergence that stops the run."""
-    run.trainer.good.take()
+    run.trainer.take_snapshots()
     run.loaded.model.train()
     run.done = run.first_step
     for hook in hooks:

@@ -291,7 +291,7 @@ class Checkpointer(Hook):
         self.saved_at = run.done
         if run.done < self.max_steps and not (run.stopped or run.diverged):
             # what a run resumed here snapshots: both roll back to the same state
-            run.trainer.good.take()
+            run.trainer.take_snapshots()
 
 
 def hooks_for(run: Run) -> list[Hook]:

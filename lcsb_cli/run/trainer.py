@@ -48,8 +48,13 @@ class Trainer:
     snapshot_dir: Path | None = None
 
     def __post_init__(self):
-        self.guard = DivergenceGuard(self.divergence.spike_factor, self.divergence.patience)
-        self.good = GoodState(self.params, self.optimizer, make_snapshot(self.divergence.snapshot, self.snapshot_dir))
+        cfg = self.divergence
+        self.guard = DivergenceGuard(cfg.spike_factor, cfg.patience, cfg.climb_nats, cfg.climb_window)
+        self.good = GoodState(self.params, self.optimizer, make_snapshot(cfg.snapshot, self.snapshot_dir))
+        # a climb returns to the state at the lowest mean loss (or the last checkpoint, when later)
+        best_dir = self.snapshot_dir / "best" if self.snapshot_dir is not None else None
+        climbs = cfg.climb_nats > 0 and cfg.snapshot != "none"
+        self.best = GoodState(self.params, self.optimizer, make_snapshot(cfg.snapshot if climbs else "none", best_dir))
         # event rows the backend raised (throttling, precision choice)
         self.notes: list[dict] = []
         # whether updates since the snapshot belong to the divergence being handled
@@ -118,6 +123,8 @@ class Trainer:
             if self.guard.spikes <= 1:
                 # before a clean step's update or the first spiking one: the state to return to
                 self.good.take()
+            if self.guard.improved:
+                self.best.take()
             self.method.before_optimizer_step(active)
             self.optimizer.step()
             if not all_finite(self.params):
@@ -138,15 +145,22 @@ class Trainer:
         problem = self.guard.check(loss, grad_norm)
         if problem is None and not all_finite(self.params):
             problem = "the update made the weights non-finite"
+        if problem is None and self.guard.improved:
+            # the state after the update whose perturbed losses set the lowest mean
+            self.best.take()
         return loss, grad_norm, problem, {}
 
     def _handle(self, problem: str) -> dict:
         """Apply the divergence action. skip drops the updates the divergence made (a run of spikes, an update that
         made the weights non-finite) by returning to the snapshot before them; a non-finite loss found before its
         update leaves the weights as they are. rollback and stop always return to the snapshot, and rollback
-        scales the learning rate for the rest of the run. The LR and block schedules keep counting with the data."""
+        scales the learning rate for the rest of the run; after a slow climb every action returns to the state at the
+        lowest mean loss (or the last checkpoint, when later). The LR and block schedules keep counting with the
+        data."""
         action = self.divergence.action
-        if (action != "skip" or self.suspect) and self.divergence.snapshot != "none":
+        if self.guard.climbed and self.divergence.snapshot != "none":
+            self.best.restore()
+        elif (action != "skip" or self.suspect) and self.divergence.snapshot != "none":
             self.good.restore()
         if action == "rollback":
             scale_lr(self.optimizer, self.lr_scheduler, self.divergence.lr_backoff)
@@ -166,6 +180,13 @@ class Trainer:
         self.guard.load_state_dict(state["guard"])
         self.backend.load_state_dict(state["backend"])
         self.good.reset()
+        self.best.reset()
+
+    def take_snapshots(self) -> None:
+        """At the start, at every checkpoint save and right after a resume: the states a divergence returns to are
+        the current one, so a resumed run returns where an uninterrupted one does."""
+        self.good.take()
+        self.best.take()
 
     def take_notes(self) -> list[dict]:
         notes, self.notes = self.notes, []
