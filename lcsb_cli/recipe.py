@@ -10,15 +10,15 @@ import yaml
 
 from .errors import BadInput
 from .host import choose_autocast, native_bf16_flag
-from .recipe_schema import ALL_LINEAR, DataConfig, Recipe
+from .recipe_schema import ALL_LINEAR, COLUMN_ROLES, DataConfig, Recipe
 from .recipe_yaml import apply_override, build, choices_of, fields_of, resolve_paths
 from .window import parse_window
 
 DATA_FILES = {
     "jsonl": "phone-collected labels, one JSON object a line",
-    "text": '.txt or JSONL {"text"}',
-    "completion": 'JSONL {"prompt", "completion"}',
-    "chat": 'JSONL {"messages"}',
+    "text": '.txt, or {"text"} records in JSONL, JSON, parquet, CSV, arrow or a save_to_disk directory',
+    "completion": '{"prompt", "completion"} records in JSONL, JSON, parquet, CSV, arrow or a save_to_disk directory',
+    "chat": '{"messages"} records in JSONL, JSON, parquet, CSV, arrow or a save_to_disk directory',
 }
 
 
@@ -125,6 +125,8 @@ def validate(recipe: Recipe) -> None:
     elif recipe.data.user is not None and recipe.data.eval is None:
         raise BadInput("data.eval: per-user runs (data.user) need the users' questions file")
     _validate_format_keys(recipe.data)
+    if recipe.data.columns:
+        _validate_columns(recipe.data)
     if recipe.overnight.window is not None:
         parse_window(recipe.overnight.window)
 
@@ -212,6 +214,21 @@ def _validate_format_keys(data: DataConfig) -> None:
             raise BadInput(
                 f"data.{f.name}: format {data.format} does not use it (only {', '.join(formats)}); remove it"
             )
+
+
+def _validate_columns(data: DataConfig) -> None:
+    """data.columns: roles of the format, each naming its own column."""
+    roles = COLUMN_ROLES[data.format]
+    for role, column in data.columns.items():
+        if role not in roles:
+            raise BadInput(
+                f"data.columns: {role!r} is not a role of format {data.format}; its roles are {', '.join(roles)}, "
+                f"e.g. data.columns: {{{roles[-1]}: your_column}}"
+            )
+        if not isinstance(column, str) or not column.strip():
+            raise BadInput(f"data.columns: {role} must name a column, got {column!r}")
+    if len(set(data.columns.values())) < len(data.columns):
+        raise BadInput(f"data.columns: two roles name the same column ({data.columns}); give each its own")
 
 
 def _validate_data_file(data: DataConfig) -> None:

@@ -110,12 +110,16 @@ class NpuSimConfig:
     )
 
 
+# data.columns: the roles whose column a text, completion or chat recipe can name (data/columns.py reads them)
+COLUMN_ROLES = {"text": ("id", "text"), "completion": ("id", "prompt", "completion"), "chat": ("id", "messages")}
+
+
 @dataclass
 class DataConfig:
     format: Literal[FORMATS] = key(
         "lamp2", "lamp2: LaMP-2 JSON; jsonl: phone labels; text, completion, chat: see data/lm.py"
     )
-    train: str | None = key(None, "the training file")
+    train: str | None = key(None, "the training file (text, completion, chat: or a datasets save_to_disk directory)")
     train_labels: str | None = key(None, "LaMP-2: the *_outputs.json of data.train", formats=("lamp2",))
     eval: str | None = key(None, "the held-out file")
     eval_labels: str | None = key(None, "LaMP-2: the *_outputs.json of data.eval", formats=("lamp2",))
@@ -138,6 +142,12 @@ class DataConfig:
         "error", "a bad line: error (stop, naming the line) | skip (count it)", formats=LM
     )
     labels: list[str] | None = key(None, "jsonl: the label set; null infers it from the data", formats=("jsonl",))
+    columns: dict | None = key(
+        None,
+        "the column of each role where yours are named otherwise, e.g. {prompt: question, completion: answer}; "
+        "roles: text, prompt, completion, messages (by format) and id",
+        formats=("text", "completion", "chat"),
+    )
 
 
 @dataclass

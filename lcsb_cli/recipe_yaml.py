@@ -139,7 +139,8 @@ def _coerce(hint, value, key: str, source: str):
 
 
 def _type_name(hint) -> str:
-    return {int: "an integer", float: "a number", str: "a string", bool: "true or false"}.get(hint, str(hint))
+    names = {int: "an integer", float: "a number", str: "a string", bool: "true or false", dict: "a mapping"}
+    return names.get(hint, str(hint))
 
 
 def fields_of(cls, prefix: str = ""):

@@ -134,7 +134,7 @@ def test_an_empty_file_and_a_file_of_bad_lines_are_refused(tmp_path, tokenizer):
     with pytest.raises(BadInput, match="empty.jsonl: the file is empty"):
         load_lm_split(str(tmp_path / "empty.jsonl"), "completion", tokenizer, 32, "error")
     with pytest.raises(BadInput, match=r"no usable chat example \(1 bad lines\)"):
-        load_lm_split(write_jsonl(tmp_path / "bad.jsonl", ["[]"]), "chat", tokenizer, 32, "skip")
+        load_lm_split(write_jsonl(tmp_path / "bad.jsonl", ['{"messages": []}']), "chat", tokenizer, 32, "skip")
 
 
 def test_bad_data_exits_2_with_one_line_and_no_traceback(tmp_path):

@@ -3,13 +3,16 @@ second run skip the tokenization). Each row is {id, input_ids, labels} with labe
 no loss; completion and chat rows also hold {prompt_ids, reference}: the prompt a held-out item is answered from
 and the answer it is scored against.
 
-- text: `.txt` (documents separated by blank lines) or JSONL {"text"}; every token is a target. Documents end with
+Files are read by data/files.py (JSONL, JSON, parquet, CSV, arrow, save_to_disk directories, plain text), records
+by data/columns.py (data.columns, ShareGPT, Alpaca).
+
+- text: `.txt` (documents separated by blank lines) or records {"text"}; every token is a target. Documents end with
   EOS and are packed back to back into `max_length` windows (no attention mask between documents, as
   transformers' run_clm packs); each window records its documents' pieces, so that `data.packing` can train on the
   same tokens with the documents kept apart (data/packing.py).
-- completion: JSONL {"prompt", "completion"}; prompt and completion are tokenized separately and concatenated as
+- completion: records {"prompt", "completion"}; prompt and completion are tokenized separately and concatenated as
   written, so the mask boundary is exact; the completion ends with EOS.
-- chat: JSONL {"messages": [{"role", "content"}, ...]}, rendered by the tokenizer's own chat template. The
+- chat: records {"messages": [{"role", "content"}, ...]}, rendered by the tokenizer's own chat template. The
   assistant turns are found as the characters a turn adds after the template's generation prompt, so the loss
   covers each assistant reply and the template's end-of-turn tokens, nothing of the prompt.
 """
@@ -22,6 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import BadInput
+from .columns import Shape
+from .files import JSON_LINES, PLAIN, read_source
 from .lamp2 import bos_ids
 from .task import TaskData
 
@@ -43,9 +48,12 @@ def load_lm_task(recipe, tokenizer: Any) -> TaskData:
     """A text, completion or chat run: `data.eval` is held out when given, else a seeded `data.eval_fraction` of
     `data.train` (the same items on every run)."""
     data = recipe.data
-    train = load_lm_split(data.train, data.format, tokenizer, data.max_length, data.on_bad_line)
+    options = {"columns": data.columns}
+    train = load_lm_split(data.train, data.format, tokenizer, data.max_length, data.on_bad_line, **options)
     if data.eval is not None:
-        held_out = load_lm_split(data.eval, data.format, tokenizer, data.max_length, data.on_bad_line)
+        held_out = load_lm_split(
+            data.eval, data.format, tokenizer, data.max_length, data.on_bad_line, **options, key="data.eval"
+        )
         return TaskData(data.format, train.rows, held_out.rows, None, train.skipped + held_out.skipped)
     if len(train.rows) < 2:
         raise BadInput(
@@ -69,79 +77,80 @@ def _seeded_order(n: int) -> list[int]:
     return torch.randperm(n, generator=torch.Generator().manual_seed(SPLIT_SEED)).tolist()
 
 
-def load_lm_split(path: str, fmt: str, tokenizer: Any, max_length: int, on_bad_line: str) -> LmSplit:
-    """One file's rows; a bad line raises BadInput naming it, or is skipped and counted (on_bad_line: skip)."""
-    import datasets
-
-    datasets.disable_progress_bars()
-    datasets.logging.set_verbosity_error()
+def load_lm_split(
+    path: str,
+    fmt: str,
+    tokenizer: Any,
+    max_length: int,
+    on_bad_line: str,
+    columns: dict[str, str] | None = None,
+    key: str = "data.train",
+) -> LmSplit:
+    """One file's rows; a bad line (or row) raises BadInput naming it, or is skipped and counted (on_bad_line: skip)."""
+    shape = Shape.of(fmt, columns)
     file = Path(path)
-    if not file.is_file():
-        raise BadInput(f"data: {file} does not exist")
-    if not file.read_bytes().strip():
-        raise BadInput(f"{file}: the file is empty; {_EXPECTED[fmt]}")
+    source = read_source(file, key, shape)
     if fmt == "chat" and not getattr(tokenizer, "chat_template", None):
         raise BadInput(
             "data.format: chat needs a tokenizer with a chat template; this model's tokenizer has none "
             "(use format completion, or a model whose tokenizer_config.json has chat_template)"
         )
-    plain_text = fmt == "text" and file.suffix != ".jsonl"
-    lines = datasets.load_dataset(
-        "text", data_files=str(file), split="train", sample_by="paragraph" if plain_text else "line"
+    encoder = _Encoder(shape, source.kind, tokenizer, max_length)
+    encoded = source.rows.map(
+        encoder, with_indices=True, remove_columns=source.rows.column_names, desc=f"tokenizing {file.name}"
     )
-    encoder = _Encoder(fmt, tokenizer, max_length, plain_text)
-    encoded = lines.map(encoder, with_indices=True, remove_columns=["text"], desc=f"tokenizing {file.name}")
     problems = [(i + 1, p) for i, p in enumerate(encoded[_PROBLEM]) if p]
     if problems and on_bad_line == "error":
-        line, reason = problems[0]
-        where = "paragraph" if plain_text else "line"
-        raise BadInput(f"{file}: {where} {line}: {reason}; fix it or set data.on_bad_line=skip")
+        number, reason = problems[0]
+        raise BadInput(f"{file}: {source.unit} {number}: {reason}; fix it or set data.on_bad_line=skip")
     kept = encoded.filter(lambda row: row["input_ids"] is not None and not row[_PROBLEM])
     if len(kept) == 0:
-        raise BadInput(f"{file}: no usable {fmt} example ({len(problems)} bad lines); {_EXPECTED[fmt]}")
+        raise BadInput(
+            f"{file}: no usable {fmt} example ({len(problems)} bad {source.unit}s); format {fmt} reads "
+            f"{shape.describe()}"
+        )
     kept = kept.remove_columns(_PROBLEM)
     if fmt == "text":
         kept = kept.map(_Packer(max_length), batched=True, batch_size=None, remove_columns=kept.column_names)
     return LmSplit(kept.to_list(), problems)
 
 
-_EXPECTED = {
-    "text": 'expected plain text, or JSONL with {"text"} per line',
-    "completion": 'expected JSONL with {"prompt", "completion"} per line',
-    "chat": 'expected JSONL with {"messages": [{"role", "content"}, ...]} per line',
-}
-
-
 class _Encoder:
-    """datasets.map function: one raw line -> a row, or a row whose `problem` says why the line is bad."""
+    """datasets.map function: one paragraph, line or record -> a row, or a row whose `problem` says why it is bad."""
 
-    def __init__(self, fmt: str, tokenizer: Any, max_length: int, plain_text: bool):
-        self.fmt, self.tokenizer, self.max_length, self.plain_text = fmt, tokenizer, max_length, plain_text
+    def __init__(self, shape: Shape, kind: str, tokenizer: Any, max_length: int):
+        self.shape, self.kind, self.tokenizer, self.max_length = shape, kind, tokenizer, max_length
 
-    def __call__(self, line: dict, index: int) -> dict:
+    def __call__(self, row: dict, index: int) -> dict:
         empty = {"id": None, "input_ids": None, "labels": None, "prompt_ids": None, "reference": None, _PROBLEM: None}
-        raw = line["text"].strip()
-        if not raw:
-            return empty
         try:
-            item = raw if self.plain_text else _parse(raw)
-            row = getattr(self, f"_{self.fmt}")(item)
+            item = self._item(row)
+            if item is None:
+                return empty
+            encoded = getattr(self, f"_{self.shape.format}")(item)
         except ValueError as err:
             return {**empty, _PROBLEM: str(err)}
-        row_id = item.get("id") if isinstance(item, dict) else None
-        return {**empty, **row, "id": str(row_id) if row_id is not None else str(index + 1)}
+        return {**empty, **encoded, "id": str(item["id"]) if item["id"] is not None else str(index + 1)}
+
+    def _item(self, row: dict) -> dict | None:
+        """The row's record as data/columns.py reads it; None for a blank line or paragraph."""
+        if self.kind not in (PLAIN, JSON_LINES):
+            return self.shape.item(row)
+        raw = row["text"].strip()
+        if not raw:
+            return None
+        return {"id": None, "text": raw} if self.kind == PLAIN else self.shape.item(_parse(raw))
 
     def _ids(self, text: str) -> list[int]:
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
-    def _text(self, item) -> dict:
-        text = item if isinstance(item, str) else _string(item, "text")
-        ids = bos_ids(self.tokenizer) + self._ids(text) + [self.tokenizer.eos_token_id]
+    def _text(self, item: dict) -> dict:
+        ids = bos_ids(self.tokenizer) + self._ids(item["text"]) + [self.tokenizer.eos_token_id]
         return {"input_ids": ids, "labels": ids}
 
     def _completion(self, item: dict) -> dict:
-        prompt = bos_ids(self.tokenizer) + self._ids(_string(item, "prompt"))
-        target = self._ids(_string(item, "completion")) + [self.tokenizer.eos_token_id]
+        prompt = bos_ids(self.tokenizer) + self._ids(item["prompt"])
+        target = self._ids(item["completion"]) + [self.tokenizer.eos_token_id]
         if len(prompt) >= self.max_length:
             raise ValueError(
                 f"the prompt is {len(prompt)} tokens, which leaves no room for the completion within "
@@ -156,7 +165,7 @@ class _Encoder:
         }
 
     def _chat(self, item: dict) -> dict:
-        messages = _messages(item)
+        messages = item["messages"]
         text, spans = assistant_spans(self.tokenizer, messages)
         encoded = self.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
         ids = list(encoded["input_ids"])[: self.max_length]
@@ -180,35 +189,12 @@ class _Encoder:
 
 def _parse(raw: str) -> dict:
     try:
-        item = json.loads(raw)
+        item = json.loads(raw.lstrip("\ufeff"))
     except json.JSONDecodeError as err:
         raise ValueError(f"not valid JSON ({err.msg} at column {err.colno})") from None
     if not isinstance(item, dict):
         raise ValueError("expected a JSON object")
     return item
-
-
-def _string(item: dict, key: str) -> str:
-    value = item.get(key)
-    if not isinstance(value, str) or not value.strip():
-        raise ValueError(f'"{key}" must be a non-empty string')
-    return value
-
-
-def _messages(item: dict) -> list[dict]:
-    messages = item.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise ValueError('"messages" must be a non-empty list of {"role", "content"}')
-    for index, message in enumerate(messages):
-        if (
-            not isinstance(message, dict)
-            or not isinstance(message.get("role"), str)
-            or not isinstance(message.get("content"), str)
-        ):
-            raise ValueError(f'message {index} must be an object with string "role" and "content"')
-    if not any(m["role"] == "assistant" for m in messages):
-        raise ValueError("the conversation has no assistant turn, so nothing to learn from")
-    return [{"role": m["role"], "content": m["content"]} for m in messages]
 
 
 def _render(tokenizer: Any, messages: list[dict], generation_prompt: bool) -> str:
