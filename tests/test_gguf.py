@@ -11,6 +11,7 @@ import gguf
 import numpy as np
 import pytest
 import torch
+from gguf_families import family_file
 from gguf_readers import LlamaCpp, hf_greedy, hf_logits, transformers_model, transformers_tokenizer
 from helpers import LAMP2, REPO, assert_one_line_error, cli, run_train, snapshot
 from tiny_families import tiny_model
@@ -305,6 +306,32 @@ def test_a_phi3_gguf_reads_in_llama_cpp_as_in_transformers(tmp_path):
     ids = list(range(5, 60))
     with LlamaCpp(tmp_path / "phi3.gguf") as llama:
         assert (llama.logits(ids) - hf_logits(model, ids)).abs().max() < 5e-3
+
+
+@pytest.mark.parametrize(
+    "family, factors",
+    [("llama", ["rope_freqs.weight"]), ("phi3", ["rope_factors_long.weight", "rope_factors_short.weight"])],
+)
+def test_a_merged_gguf_keeps_the_sources_rope_factors(family, factors, tmp_path):
+    """Llama 3's and Phi-3's rotary scaling lives in tensors the HF model has no weight for: the merged export copies
+    them from the source, so llama.cpp runs the merged file as lcsb runs base + adapter."""
+    source = family_file(family)
+    flags = ["lora.targets=all-linear", "lcsb.blocks=1", "train.max_steps=1", "train.lr=0.01"]
+    run_train(tmp_path / "run", f"model.name={source}", *flags)
+    merged = export_run(tmp_path / "run", tmp_path / "merged.gguf", merge=True, fmt="gguf")
+    tensors = {
+        name: {t.name: t.data for t in gguf.GGUFReader(path).tensors}
+        for name, path in [("source", source), ("merged", merged)]
+    }
+    assert set(tensors["merged"]) == set(tensors["source"])
+    for name in factors:
+        np.testing.assert_array_equal(tensors["merged"][name], tensors["source"][name])
+    run = models.load_model(
+        load_recipe(tmp_path / "run" / "config.yaml"), torch.device("cpu"), tmp_path / "run" / "adapter"
+    )
+    ids = list(range(5, 53))
+    with LlamaCpp(merged) as llama:
+        assert (llama.logits(ids) - hf_logits(run.model.eval(), ids)).abs().max() < 5e-3
 
 
 def test_unsupported_architectures_and_tokenizers_are_named():

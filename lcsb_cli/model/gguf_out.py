@@ -2,7 +2,8 @@
 Ollama Modelfile that imports it.
 
 A model that came from a GGUF file keeps that file's own metadata (architecture keys, tokenizer, chat template);
-only its tensors and file type are new. A model from an HF checkpoint gets what llama.cpp's converter writes for
+only its tensors and file type are new, and a tensor the model holds no weight for (Llama 3's rope_freqs, Phi-3's
+rope factors) is copied from the file as it is. A model from an HF checkpoint gets what llama.cpp's converter writes for
 its architecture (the keys below, a byte-level BPE vocabulary with its merges, special tokens and chat template).
 Its checkpoint dir's name goes to `general.basename`, not `general.name`: transformers' GGUF loader reads a llama
 file whose general.name is "mistral" as model_type mistral, so a name lcsb picked could change how it is read.
@@ -63,14 +64,21 @@ def write_gguf(model, tokenizer_dir: Path, target: Path, outtype: str, source: P
 
     arch = check_exportable(model.config.model_type)
     writer = gguf.GGUFWriter(target, arch)
-    if source is not None:
-        _copy_metadata(gguf.GGUFReader(source), writer)
+    reader = gguf.GGUFReader(source) if source is not None else None
+    if reader is not None:
+        _copy_metadata(reader, writer)
     else:
         _write_model_keys(writer, model.config, tokenizer_dir.name)
         _write_tokenizer(writer, tokenizer_dir, model.config.vocab_size)
     writer.add_file_type(getattr(gguf.LlamaFileType, f"MOSTLY_{outtype.upper()}"))
+    written = set()
     for name, data, kind in _tensors(model, arch, outtype):
         writer.add_tensor(name, data, raw_dtype=kind)
+        written.add(name)
+    # what the model holds no weight for, as the source has it: Llama 3's rope_freqs, Phi-3's rope_factors_short/long
+    for tensor in reader.tensors if reader is not None else []:
+        if tensor.name not in written:
+            writer.add_tensor(tensor.name, tensor.data, raw_dtype=tensor.tensor_type)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
