@@ -57,6 +57,20 @@ class LoraConfig:
     backward: Literal["autograd", "mesp"] = key(
         "autograd", "autograd: peft's layers | mesp: saves only x and recomputes xA in backward"
     )
+    init: str | None = key(
+        None,
+        "warm start: train on from this adapter (a run dir, a PEFT adapter dir, adapters/ID of a per-user run, or an "
+        "adapter GGUF lcsb exported) with a fresh optimizer and LR schedule; its base, rank, alpha and targets must be "
+        "this recipe's",
+    )
+    init_user: str | None = key(
+        None, "the user whose adapter a per-user run in lora.init gives (default: data.user when it names one)"
+    )
+    init_sha256: str | None = key(
+        None,
+        "the starting adapter's hash, which lcsb writes into config.yaml when the run starts; set it to pin lora.init "
+        "(another adapter there is refused)",
+    )
 
 
 @dataclass

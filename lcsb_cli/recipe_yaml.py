@@ -15,7 +15,7 @@ import yaml
 
 from .errors import BadInput
 
-PATH_KEYS = ("data.train", "data.train_labels", "data.eval", "data.eval_labels")
+PATH_KEYS = ("data.train", "data.train_labels", "data.eval", "data.eval_labels", "lora.init")
 # a built-in name, or a path (a "/" in it, or a .gguf file)
 NAME_OR_PATH_KEYS = ("model.name", "npu_sim.device")
 HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")

@@ -23,7 +23,7 @@ from ..model.memory import breakdown
 from ..model.precision import prepare_for_autocast
 from ..recipe import Recipe
 from ..runtime import log_to
-from . import rundir
+from . import rundir, warm
 from .best import EARLY_STOPPING, BestWatch
 from .distributed import SINGLE, World
 from .hooks import Hook, Reporter, Run, SilentReporter, check_initial_loss, hooks_for
@@ -52,6 +52,7 @@ def train(
     """
     if recipe.data.user == "all":
         raise ValueError("engine.train trains one adapter; per_user.train_per_user runs data.user: all")
+    recipe = warm.pinned(recipe, Path(run_dir), resume)
     request = RunRequest(recipe, Path(run_dir), resume, force, adapter_dir, task)
     try:
         # a user's run inside a per-user job: the job's owner waited for the window
@@ -82,6 +83,9 @@ def _train(request: RunRequest, reporter: Reporter, job: Job, world: World, owne
 
     def setup() -> tuple[Run, int]:
         trainer, loaded, task_data = build_trainer(recipe, world, request.task, RunDir(run_dir).snapshot(world.rank))
+        # a resume takes the trained adapter from its checkpoint, never the starting one again
+        if recipe.lora.init is not None and not request.resume:
+            warm.start_from(recipe, loaded.model)
         first_step, wall_before, notes, best = resume_state(run_dir, trainer) if request.resume else (0, 0.0, [], None)
         run = Run(
             recipe,
@@ -229,6 +233,7 @@ def _finish(run: Run) -> dict:
     if run.trainer.backend.device.type == "cpu":
         summary["peak_mem_mb"] = summary["memory"]["peak_rss_mb"]
     summary.update(load_time_s=run.load_time_s, run_dir=str(run.run_dir), adapter=str(run.adapter_dir))
+    summary.update(warm.summary_fields(run.recipe, run.loaded.model))
     if run.watch is not None and run.watch.keep:
         summary["adapter_last"] = str(RunDir(run.run_dir).adapter_last)
     if run.world.size > 1:
