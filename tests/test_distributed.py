@@ -1,24 +1,32 @@
-"""Data parallel on torch.distributed (gloo, 2 CPU processes via `lcsb train --nproc 2`)."""
+"""Data parallel on torch.distributed: gloo, CPU processes via `lcsb train --nproc 2`, and two "nodes" of one
+process each on the loopback (`--nnodes 2`, a c10d rendezvous on 127.0.0.1)."""
 
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
+import time
 
+import psutil
 import pytest
 import torch
-from helpers import LAMP2, REPO, adapter_tensors, assert_same_tensors, cli
+from helpers import LAMP2, REPO, adapter_tensors, assert_one_line_error, assert_same_tensors, cli
 
-# two ranks, each a fresh interpreter
-pytestmark = pytest.mark.slow
+from lcsb_cli.errors import BadInput
+from lcsb_cli.recipe import load_recipe
+from lcsb_cli.run import rundir
+from lcsb_cli.run.distributed import Nodes
+
 COMMON = ("train.max_steps=4", "train.save_every=2", "train.log_every=1", "train.lr_scheduler=constant")
+# one thread a process on every topology: a product's bits may depend on the thread count
+ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
 
 
 def lcsb(*args):
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     return subprocess.run(
-        [sys.executable, "-m", "lcsb_cli", *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=600
+        [sys.executable, "-m", "lcsb_cli", *args], cwd=REPO, env=ENV, capture_output=True, text=True, timeout=600
     )
 
 
@@ -36,6 +44,48 @@ def lora_bytes_per_layer(run_dir):
     return sum(t.numel() * 4 for k, t in tensors.items() if ".layers.0." in k), sum(".layers.0." in k for k in tensors)
 
 
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def listens(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def start_two_nodes(*args: str) -> list[subprocess.Popen]:
+    """`lcsb train ARGS` as two nodes of one process each. The first node hosts the c10d store (the second starts
+    once its port listens), so the second is the one a test may kill without taking the rendezvous with it."""
+    port = free_port()
+    flags = ("--nnodes", "2", "--nproc", "1", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "t")
+    command = [sys.executable, "-m", "lcsb_cli", "train", str(LAMP2), *args, *flags]
+    first = subprocess.Popen(command, cwd=REPO, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 300
+    while not listens(port):
+        assert first.poll() is None and time.time() < deadline, first.communicate()
+        time.sleep(0.2)
+    second = subprocess.Popen(command, cwd=REPO, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return [first, second]
+
+
+def finish(nodes: list[subprocess.Popen]) -> list[subprocess.CompletedProcess]:
+    done = []
+    for node in nodes:
+        out, err = node.communicate(timeout=600)
+        done.append(subprocess.CompletedProcess(node.args, node.returncode, out, err))
+    return done
+
+
+def kill_node(node: subprocess.Popen) -> None:
+    """SIGKILL a node: torchrun's agent and its workers (each in a session of its own)."""
+    for process in [*psutil.Process(node.pid).children(recursive=True), psutil.Process(node.pid)]:
+        process.kill()
+    node.communicate()
+
+
+@pytest.mark.slow
 def test_two_ranks_equal_one_process_with_the_global_batch_and_send_only_the_active_block(tmp_path):
     two, one = tmp_path / "two", tmp_path / "one"
     proc = lcsb("train", str(LAMP2), *COMMON, "train.batch_size=2", "--nproc", "2", "--output", str(two))
@@ -68,6 +118,34 @@ def test_two_ranks_equal_one_process_with_the_global_batch_and_send_only_the_act
     assert [r["loss"] for r in steps(two)] == [r["loss"] for r in steps(resumed)]
 
 
+@pytest.mark.slow
+def test_two_nodes_equal_one_node_of_two_processes_and_a_killed_node_resumes_exactly(tmp_path):
+    """Two nodes of one process against one node of two, bit for bit: the same two ranks, each on its shard of every
+    global batch, and the same sum of two gradients (fp32 addition commutes, so which node gets rank 0 does not
+    matter). The two-node run loses a node after its step-2 checkpoint and is resumed on both."""
+    args = ("train.max_steps=40", "train.save_every=2", "train.log_every=1", "train.batch_size=2")
+    one, two = tmp_path / "one", tmp_path / "two"
+    proc = lcsb("train", str(LAMP2), *args, "--nproc", "2", "--output", str(one))
+    assert proc.returncode == 0, errors(proc)
+
+    first, second = start_two_nodes(*args, "--output", str(two))
+    while not (two / "checkpoints" / "step-2").is_dir():
+        assert first.poll() is None and second.poll() is None, finish([first, second])
+        time.sleep(0.05)
+    kill_node(second)
+    survivor = finish([first])[0]
+    assert not (two / "summary.json").exists()
+    assert survivor.returncode == 1 and "Traceback" not in survivor.stderr, survivor.stderr
+    (line,) = [line for line in survivor.stderr.splitlines() if line.startswith("error:")]
+    assert "lost the other ranks" in line and "--resume" in line, line
+
+    for node in finish(start_two_nodes(*args, "--output", str(two), "--resume")):
+        assert node.returncode == 0, errors(node)
+    assert_same_tensors(adapter_tensors(one), adapter_tensors(two))
+    assert [r["loss"] for r in steps(one)] == [r["loss"] for r in steps(two)]
+    assert json.loads((two / "summary.json").read_text())["world_size"] == 2
+
+
 def _five_users(tmp_path):
     """The sample's questions and golds of its first five users."""
     data = REPO / "recipes" / "data" / "lamp2"
@@ -82,23 +160,57 @@ def _five_users(tmp_path):
     return keep, (f"data.eval={tmp_path / 'q.json'}", f"data.eval_labels={tmp_path / 'o.json'}")
 
 
-def test_per_user_runs_are_split_across_ranks(tmp_path):
+@pytest.mark.slow
+def test_per_user_runs_are_split_across_the_ranks_of_two_nodes(tmp_path):
     keep, data = _five_users(tmp_path)
     run = tmp_path / "users"
-    proc = lcsb(
-        "train",
-        str(LAMP2),
-        *data,
-        "data.user=all",
-        "train.max_steps=2",
-        "train.save_every=0",
-        "--nproc",
-        "2",
-        "--output",
-        str(run),
-    )
-    assert proc.returncode == 0, errors(proc)
+    nodes = finish(start_two_nodes(*data, "data.user=all", "train.max_steps=2", "train.save_every=0", "-o", str(run)))
+    for node in nodes:
+        assert node.returncode == 0, errors(node)
     assert sorted(p.name for p in (run / "users").iterdir()) == keep
     assert sorted(p.name for p in (run / "adapters").iterdir()) == keep
     summary = json.loads((run / "summary.json").read_text())
     assert summary["users"] == 5 and summary["steps"] == 10 and "stopped" not in summary
+
+
+def test_node_flags_reach_torchrun_as_given():
+    assert Nodes().torchrun_flags(2) == ["--standalone", "--nproc-per-node=2"]
+    assert Nodes(2, None, "node0:29400", "job7").torchrun_flags(4) == [
+        "--nnodes=2",
+        "--nproc-per-node=4",
+        "--rdzv-backend=c10d",
+        "--rdzv-endpoint=node0:29400",
+        "--rdzv-id=job7",
+    ]
+    static = Nodes(2, 1, "node0:29400", backend="static").torchrun_flags(1)
+    assert "--rdzv-backend=static" in static and static[-1] == "--node-rank=1"
+    assert not Nodes().launches(1) and Nodes(nnodes=2).launches(1) and Nodes().launches(2)
+
+
+@pytest.mark.parametrize(
+    "flags,needles",
+    [
+        (["--nnodes", "2"], ["--nnodes 2", "--rdzv-endpoint HOST:PORT"]),
+        (["--nnodes", "2", "--rdzv-endpoint", "node0"], ["--rdzv-endpoint 'node0'", "HOST:PORT"]),
+        (["--nnodes", "2", "--rdzv-endpoint", "n:1", "--node-rank", "2"], ["--node-rank 2", "0 to 1"]),
+    ],
+)
+def test_bad_node_flags_are_one_line_before_any_process_starts(tmp_path, flags, needles):
+    proc = cli("train", str(LAMP2), *flags, "--output", str(tmp_path / "r"))
+    assert_one_line_error(proc, *needles)
+    assert not (tmp_path / "r").exists()
+
+
+class _SecondRank:
+    rank, size, is_main = 1, 2, False
+
+    def barrier(self):
+        pass
+
+
+def test_a_rank_that_does_not_see_rank_0s_run_dir_stops_in_one_line(tmp_path):
+    """Rank 0 on another node wrote its run dir where this rank cannot see it: not one shared directory."""
+    recipe = load_recipe(LAMP2, [])
+    opened = rundir.opened_run(tmp_path / "run", recipe, False, False, _SecondRank(), lambda: (None, 0))
+    with pytest.raises(BadInput, match="rank 1 does not see the run dir rank 0 wrote.*every node shares"), opened:
+        pass

@@ -32,9 +32,14 @@ def train(
     nproc: Annotated[
         int,
         typer.Option(
-            "--nproc", min=1, help="Data-parallel processes (launched with torchrun; gloo on CPU, nccl on CUDA)."
+            "--nproc", min=1, help="Data-parallel processes on this node (torchrun; gloo on CPU, nccl on CUDA)."
         ),
     ] = 1,
+    nnodes: Annotated[int, typer.Option("--nnodes", min=1, help="Nodes, each running this command.")] = 1,
+    node_rank: Annotated[int | None, typer.Option("--node-rank", min=0, help="Node rank (static rdzv only).")] = None,
+    rdzv_endpoint: Annotated[str | None, typer.Option("--rdzv-endpoint", help="HOST:PORT all nodes join.")] = None,
+    rdzv_id: Annotated[str | None, typer.Option("--rdzv-id", help="The rendezvous' id (torchrun's).")] = None,
+    rdzv_backend: Annotated[str | None, typer.Option("--rdzv-backend", help="c10d (default) | static.")] = None,
 ) -> None:
     """Fine-tune with LoRA as the recipe says; writes config.yaml, metrics.jsonl, checkpoints/, adapter/, summary.json.
 
@@ -42,16 +47,19 @@ def train(
     exit 0, as a scheduler expects.
 
     Examples: `lcsb train lamp2` · `lcsb train my.yaml train.max_steps=200 lcsb.blocks=2 -o runs/k2` ·
-    `lcsb train my.yaml -o runs/k2 --resume`. Recipe keys: `lcsb validate RECIPE` prints them all, resolved."""
+    `lcsb train my.yaml -o runs/k2 --resume` · on each of 2 nodes: `lcsb train my.yaml --nproc 4 --nnodes 2
+    --rdzv-endpoint node0:29400 -o /shared/runs/k2`. Recipe keys: `lcsb validate RECIPE` prints them all, resolved."""
     from ..report import RichReporter
+    from ..run.distributed import Nodes
     from ..run.engine import train as train_one
     from ..run.per_user import train_per_user
 
     loaded, autocast = with_autocast_chosen(load_recipe(recipe_file(recipe), overrides or []))
     if output is not None:
         loaded.output_dir = str(output)
-    if nproc > 1 and "WORLD_SIZE" not in os.environ:
-        sys.exit(_launch(loaded, recipe, overrides or [], nproc, resume, force))
+    nodes = Nodes(nnodes, node_rank, rdzv_endpoint, rdzv_id, rdzv_backend)
+    if nodes.launches(nproc) and "WORLD_SIZE" not in os.environ:
+        sys.exit(_launch(loaded, recipe, overrides or [], nproc, nodes, resume, force))
     run = train_per_user if loaded.data.user == "all" else train_one
     summary = run(loaded, Path(loaded.output_dir), RichReporter(err, [autocast]), resume=resume, force=force)
     # checkpointed, yet `lcsb train ... && next` must not run on
@@ -60,7 +68,7 @@ def train(
         sys.exit(130)
 
 
-def _launch(loaded, recipe: str, overrides: list[str], nproc: int, resume: bool, force: bool) -> int:
+def _launch(loaded, recipe: str, overrides: list[str], nproc: int, nodes, resume: bool, force: bool) -> int:
     """Check what can be checked here (exit 2 before any worker starts), then rerun this command under torchrun."""
     from ..run.distributed import check_parallel_method, launch
     from ..run.rundir import check_fresh, check_resume
@@ -69,7 +77,8 @@ def _launch(loaded, recipe: str, overrides: list[str], nproc: int, resume: bool,
     check_resume(run_dir, loaded) if resume else check_fresh(run_dir, force)
     check_parallel_method(loaded.method)
     flags = ["--output", str(run_dir)] + ["--resume"] * resume + ["--force"] * force
-    return launch(nproc, ["--debug"] * STATE["debug"] + ["train", str(recipe_file(recipe)), *overrides, *flags])
+    command = ["--debug"] * STATE["debug"] + ["train", str(recipe_file(recipe)), *overrides, *flags]
+    return launch(nproc, command, nodes)
 
 
 @app.command("eval")

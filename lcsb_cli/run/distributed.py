@@ -5,21 +5,55 @@ step all ranks train the same block and only that block's LoRA parameters hold g
 all-reduces exactly those, flattened into one buffer, 1/K of the traffic of syncing every LoRA parameter.
 The loss is summed over the target tokens of the whole global batch and divided by their global count, so the
 synced gradient is the gradient of the same loss a single process computes on the whole global batch.
+
+Across nodes the world is torchrun's as well: `launch` runs torchrun's agent in this process with the node flags
+passed through, so a failed rank or a lost rendezvous ends in one line here instead of the agent's traceback, and a
+collective that loses a peer raises `PeerLost`, one line on every surviving rank.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
-import subprocess
+import re
+import signal
 import sys
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
-from ..errors import BadInput
+from ..errors import BadInput, LcsbError
 from ..methods import METHODS
+
+
+class PeerLost(LcsbError):
+    """A collective failed: another rank's process or node stopped (or failed, and said why on its own stderr)."""
+
+
+def _collective(fn):
+    """Turn a failed collective (gloo's reset connection, nccl's abort) into PeerLost, one line naming the way on."""
+
+    @functools.wraps(fn)
+    def wrapper(self, *args, **kwargs):
+        try:
+            return fn(self, *args, **kwargs)
+        except RuntimeError as exc:
+            raise PeerLost(
+                f"rank {self.rank} of {self.size} lost the other ranks ({_reason(exc)}): a process or node stopped, "
+                "and every rank stops; continue from the last checkpoint with the same command and --resume on "
+                "every node (the same world: --nnodes x --nproc)"
+            ) from exc
+
+    return wrapper
+
+
+def _reason(exc: Exception) -> str:
+    """gloo's `[.../pair.cc:537] Read error [127.0.0.1]:53932: Connection reset by peer. This is typically ...`
+    -> `Read error [127.0.0.1]:53932: Connection reset by peer`."""
+    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    return re.sub(r"^\[[^\]]*\]\s*", "", first).split(". ")[0].rstrip(".")
 
 
 @dataclass(frozen=True)
@@ -31,6 +65,7 @@ class World:
     def is_main(self) -> bool:
         return self.rank == 0
 
+    @_collective
     def all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
         """Sum over ranks, in place (nothing to do in a single process)."""
         if self.size > 1:
@@ -43,6 +78,7 @@ class World:
     def any(self, flag: bool) -> bool:
         return self.total(1.0 if flag else 0.0) > 0
 
+    @_collective
     def barrier(self) -> None:
         if self.size > 1:
             dist.barrier()
@@ -56,6 +92,7 @@ class World:
         if self.is_main:
             self.barrier()
 
+    @_collective
     def sync_grads(self, params: list[torch.nn.Parameter]) -> dict:
         """Sum the gradients that exist (the active block's) across ranks: one flat all-reduce."""
         if self.size == 1:
@@ -90,18 +127,76 @@ def init_world(backend_name: str) -> World:
     return World(dist.get_rank(), dist.get_world_size())
 
 
-def launch(nproc: int, args: list[str]) -> int:
-    """Run `lcsb ARGS` under torchrun with `nproc` local processes; returns its exit code."""
-    env = dict(os.environ)
-    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
-    command = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        f"--nproc_per_node={nproc}",
-        "-m",
-        "lcsb_cli",
-        *args,
-    ]
-    return subprocess.call(command, env=env)
+@dataclass(frozen=True)
+class Nodes:
+    """torchrun's node flags as `lcsb train` takes them (`tune run` passes them alike). One node and no endpoint:
+    torchrun's `--standalone`; else a rendezvous every node joins at `endpoint`, c10d unless `backend` names another
+    (static: `node_rank` orders the nodes)."""
+
+    nnodes: int = 1
+    node_rank: int | None = None
+    endpoint: str | None = None
+    run_id: str | None = None
+    backend: str | None = None
+
+    def launches(self, nproc: int) -> bool:
+        return nproc > 1 or self.nnodes > 1 or self.endpoint is not None
+
+    def torchrun_flags(self, nproc: int) -> list[str]:
+        local = [f"--nproc-per-node={nproc}"]
+        if self.nnodes == 1 and self.endpoint is None:
+            return ["--standalone", *local]
+        if self.endpoint is None:
+            raise BadInput(
+                f"--nnodes {self.nnodes}: give --rdzv-endpoint HOST:PORT, the same on every node (a free port on "
+                "the first node's host)"
+            )
+        host, _, port = self.endpoint.rpartition(":")
+        if not host or not port.isdigit():
+            raise BadInput(f"--rdzv-endpoint {self.endpoint!r}: give HOST:PORT, e.g. node0.example:29400")
+        if self.node_rank is not None and self.node_rank >= self.nnodes:
+            raise BadInput(f"--node-rank {self.node_rank}: the nodes are numbered 0 to {self.nnodes - 1}")
+        flags = [
+            f"--nnodes={self.nnodes}",
+            *local,
+            f"--rdzv-backend={self.backend or 'c10d'}",
+            f"--rdzv-endpoint={self.endpoint}",
+        ]
+        flags += [f"--rdzv-id={self.run_id}"] * (self.run_id is not None)
+        return flags + [f"--node-rank={self.node_rank}"] * (self.node_rank is not None)
+
+
+def launch(nproc: int, args: list[str], nodes: Nodes = Nodes()) -> int:
+    """Run `lcsb ARGS` under torchrun's agent (in this process) with `nproc` local processes on this node of
+    `nodes`; returns the exit code. A rank that failed has said why on its own stderr; one killed by a signal, a
+    lost rendezvous and a signal to this process are one line here."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.elastic.rendezvous.api import RendezvousError
+    from torch.distributed.run import parse_args, run
+
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
+    # c10d's C++ warnings (a store connection closed, with frame dumps) would bury each rank's one line
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
+    config = parse_args([*nodes.torchrun_flags(nproc), "-m", "lcsb_cli", *args])
+    try:
+        run(config)
+    except ChildFailedError as exc:
+        rank, failure = exc.get_first_failure()
+        if failure.exitcode >= 0:
+            return failure.exitcode
+        raise LcsbError(
+            f"rank {rank} (pid {failure.pid}) was killed by {failure.signal_name()}; the other ranks stop; "
+            "continue with --resume"
+        ) from exc
+    except RendezvousError as exc:
+        raise LcsbError(
+            f"this node lost the rendezvous at {config.rdzv_endpoint} ({_reason(exc)}): the node that hosts it "
+            "stopped, or it never formed; continue with --resume on every node"
+        ) from exc
+    except SignalException as exc:
+        # the agent passed the signal on: each rank checkpointed as one process does
+        stop = signal.Signals(exc.sigval)
+        print(f"stopped by {stop.name}; continue with --resume", file=sys.stderr)
+        return {signal.SIGTERM: 0, signal.SIGINT: 130}.get(stop, 128 + stop.value)
+    return 0

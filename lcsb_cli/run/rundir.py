@@ -281,6 +281,11 @@ def opened_run(run_dir: Path, recipe: Recipe, resume: bool, force: bool, world, 
         if world.is_main:
             claim(run_dir, recipe, resume, first_step)
         world.barrier()
+        if not RunDir(run_dir).config.is_file():
+            raise BadInput(
+                f"{run_dir}: rank {world.rank} does not see the run dir rank 0 wrote; across nodes the output dir "
+                "must be one directory every node shares, at the same path"
+            )
         if job is not None:
             job.load(resume)
         yield value
