@@ -13,12 +13,14 @@ class CudaBackend(Backend):
         if not torch.cuda.is_available():
             raise BadInput("backend: cuda asked for, but torch sees no CUDA device; use backend=cpu")
         self.device = torch.device("cuda", torch.cuda.current_device())
+        # a backend a run: its peak is its own, not the process's so far (a per-user run's users share a process)
+        torch.cuda.reset_peak_memory_stats(self.device)
 
     def autocast(self, mode: str):
         return torch.autocast("cuda", dtype=torch.bfloat16, enabled=mode == "bf16")
 
     def peak_mem_mb(self) -> float:
-        """The caching allocator's peak of memory handed to tensors."""
+        """The caching allocator's peak of memory handed to tensors, since this backend was made."""
         return torch.cuda.max_memory_allocated(self.device) / 2**20
 
     def synchronize(self) -> None:

@@ -49,6 +49,10 @@ def train(
     Examples: `lcsb train lamp2` · `lcsb train my.yaml train.max_steps=200 lcsb.blocks=2 -o runs/k2` ·
     `lcsb train my.yaml -o runs/k2 --resume` · on each of 2 nodes: `lcsb train my.yaml --nproc 4 --nnodes 2
     --rdzv-endpoint node0:29400 -o /shared/runs/k2`. Recipe keys: `lcsb validate RECIPE` prints them all, resolved."""
+    launching = "WORLD_SIZE" not in os.environ and (nproc > 1 or nnodes > 1 or rdzv_endpoint is not None)
+    if launching:
+        # read as torch loads; torchrun's agent runs here: c10d's warnings (with frame dumps) would bury the errors
+        os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
     from ..report import RichReporter
     from ..run.distributed import Nodes
     from ..run.engine import train as train_one
@@ -57,8 +61,8 @@ def train(
     loaded, autocast = with_autocast_chosen(load_recipe(recipe_file(recipe), overrides or []))
     if output is not None:
         loaded.output_dir = str(output)
-    nodes = Nodes(nnodes, node_rank, rdzv_endpoint, rdzv_id, rdzv_backend)
-    if nodes.launches(nproc) and "WORLD_SIZE" not in os.environ:
+    if launching:
+        nodes = Nodes(nnodes, node_rank, rdzv_endpoint, rdzv_id, rdzv_backend)
         sys.exit(_launch(loaded, recipe, overrides or [], nproc, nodes, resume, force))
     run = train_per_user if loaded.data.user == "all" else train_one
     summary = run(loaded, Path(loaded.output_dir), RichReporter(err, [autocast]), resume=resume, force=force)

@@ -139,9 +139,6 @@ class Nodes:
     run_id: str | None = None
     backend: str | None = None
 
-    def launches(self, nproc: int) -> bool:
-        return nproc > 1 or self.nnodes > 1 or self.endpoint is not None
-
     def torchrun_flags(self, nproc: int) -> list[str]:
         local = [f"--nproc-per-node={nproc}"]
         if self.nnodes == 1 and self.endpoint is None:
@@ -176,8 +173,6 @@ def launch(nproc: int, args: list[str], nodes: Nodes = Nodes()) -> int:
     from torch.distributed.run import parse_args, run
 
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
-    # c10d's C++ warnings (a store connection closed, with frame dumps) would bury each rank's one line
-    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
     config = parse_args([*nodes.torchrun_flags(nproc), "-m", "lcsb_cli", *args])
     try:
         run(config)
