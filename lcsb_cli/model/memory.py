@@ -20,6 +20,8 @@ from torch.utils._pytree import tree_leaves
 
 # glibc mallopt parameter numbers (malloc.h)
 M_MMAP_THRESHOLD = -3
+# the highest peak before the last reset_peak_rss
+_EARLIER_PEAK_MB = 0.0
 
 
 def rss_mb() -> float:
@@ -51,12 +53,40 @@ def peak_rss_mb() -> float:
 
 def reset_peak_rss() -> None:
     """Restart the high-water mark at the current RSS (Linux: 5 written to /proc/self/clear_refs), so that a run
-    inside a longer process (one user of a per-user run) reports its own peak; elsewhere a no-op."""
+    inside a longer process (one user of a per-user run) reports its own peak; elsewhere a no-op. The mark so far
+    is kept for `process_peak_rss_mb`."""
+    global _EARLIER_PEAK_MB
+    _EARLIER_PEAK_MB = max(_EARLIER_PEAK_MB, peak_rss_mb())
     try:
         with open("/proc/self/clear_refs", "w") as clear_refs:
             clear_refs.write("5")
     except OSError:
         pass
+
+
+def process_peak_rss_mb() -> float:
+    """The peak RSS of the whole process, across every `reset_peak_rss`."""
+    return max(_EARLIER_PEAK_MB, peak_rss_mb())
+
+
+def release_freed_memory() -> None:
+    """Free what reference cycles hold (a finished run's model and optimizer), then hand the heap glibc kept back to
+    the OS (`malloc_trim(0)`, every arena): between the users of a per-user run, whose next model and batches would
+    otherwise land in a heap fragmented by the last."""
+    gc.collect()
+    libc = _glibc()
+    if libc is not None:
+        libc.malloc_trim(0)
+
+
+@functools.cache
+def _glibc() -> ctypes.CDLL | None:
+    """The C library when it is glibc (it has mallopt and malloc_trim), else None."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c"))
+    except OSError:
+        return None
+    return libc if hasattr(libc, "malloc_trim") and hasattr(libc, "mallopt") else None
 
 
 def configure_allocator(mmap_threshold_kb: int) -> bool:
@@ -65,13 +95,10 @@ def configure_allocator(mmap_threshold_kb: int) -> bool:
     Left alone, glibc raises the threshold (up to 32 MiB) as large blocks are freed, so a step's transient
     tensors and the LoRA tensors and moments that appear as blocks first train (8-311 KB each for r=16) share
     one heap whose fragmented high-water mark stays resident. False when the C library is not glibc."""
-    if mmap_threshold_kb <= 0:
+    libc = _glibc()
+    if mmap_threshold_kb <= 0 or libc is None:
         return False
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c"))
-        return bool(libc.mallopt(M_MMAP_THRESHOLD, mmap_threshold_kb * 1024))
-    except (OSError, AttributeError):
-        return False
+    return bool(libc.mallopt(M_MMAP_THRESHOLD, mmap_threshold_kb * 1024))
 
 
 def limit_kernel_caches(entries: int) -> None:
@@ -200,6 +227,13 @@ def breakdown(
         **{k: round(v, 1) for k, v in figures.items()},
         "other_mb": round(peak - sum(figures.values()), 1),
     }
+
+
+def rebased(figures: dict, peak_mb: float) -> dict:
+    """A `breakdown` set against a higher peak (a per-user run's whole process, evaluations included): the same
+    parts, the difference added to `other_mb`."""
+    parts = sum(value for key, value in figures.items() if key not in ("peak_rss_mb", "other_mb"))
+    return {**figures, "peak_rss_mb": peak_mb, "other_mb": round(peak_mb - parts, 1)}
 
 
 @contextlib.contextmanager

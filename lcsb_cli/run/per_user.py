@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import gc
 import json
 from pathlib import Path
 
 from ..atomic import write_json_atomic
 from ..data import user_tasks
 from ..errors import Diverged
-from ..model.memory import reset_peak_rss
+from ..model.memory import process_peak_rss_mb, rebased, release_freed_memory, reset_peak_rss
 from ..recipe import Recipe, replace_key
 from . import rundir
 from .distributed import World
@@ -49,8 +48,8 @@ def _train_users(recipe: Recipe, run: RunDir, reporter, resume: bool, job: Job, 
             continue
         user_reporter = reporter.for_user(user_id) if hasattr(reporter, "for_user") else reporter
         try:
-            # the previous user's model sits in reference cycles: free it before the next loads
-            gc.collect()
+            # the previous user's model sits in reference cycles: free it, and the heap it leaves, before the next loads
+            release_freed_memory()
             # each user's summary holds its own peak, not the process's so far
             reset_peak_rss()
             user_recipe = replace_key(replace_key(recipe, "data.user", user_id), "overnight.report", False)
@@ -89,8 +88,14 @@ def _per_user_summary(recipe: Recipe, run: RunDir, user_ids: list[str], reporter
         summary["stopped"] = stopped or "not every user trained"
     if recipe.overnight.report and summaries:
         summary["eval_before"] = job.state["eval_before"]
+        release_freed_memory()
         summary["eval_after"] = None if summary.get("stopped") else _users_eval(recipe, run.root, run.root)
         write_report(run.root, recipe, job.state, summary, summary["eval_after"], run.adapters, [])
+    # the process's peak, the evaluations included (on cuda each user's figure is the device's)
+    if summaries and recipe.backend != "cuda":
+        summary["peak_mem_mb"] = process_peak_rss_mb()
+        if summary["memory"]:
+            summary["memory"] = rebased(summary["memory"], summary["peak_mem_mb"])
     write_json_atomic(run.summary, summary)
     reporter.on_end(summary)
     return summary
