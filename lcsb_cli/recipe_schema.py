@@ -173,6 +173,22 @@ class OvernightConfig:
 
 
 @dataclass
+class LineageConfig:
+    replay: float = key(
+        0.5,
+        "`lcsb night`: the share of a night's training items replayed from earlier nights (a sample seeded by "
+        "train.seed and the night)",
+        min=0.0,
+    )
+    tolerance: float = key(
+        0.0,
+        "`lcsb night`: the accuracy a night may lose on the held-out newest items or the probe and still be promoted",
+        min=0.0,
+    )
+    probe: int = key(8, "`lcsb night`: the earliest items learned, kept as the fixed probe for forgetting", min=1)
+
+
+@dataclass
 class TrainConfig:
     max_steps: int = key(200, "optimizer steps", min=1)
     batch_size: int = key(4, "examples per micro-batch", min=1)
@@ -303,5 +319,6 @@ class Recipe:
     divergence: DivergenceConfig = key(None, "what a diverging run does", factory=DivergenceConfig)
     eval: EvalConfig = key(None, "held-out evaluation", factory=EvalConfig)
     overnight: OvernightConfig = key(None, "background jobs", factory=OvernightConfig)
+    lineage: LineageConfig = key(None, "`lcsb night`: nights that build on each other", factory=LineageConfig)
     memory: MemoryConfig = key(None, "memory settings", factory=MemoryConfig)
     output_dir: str | None = key(None, "the run directory; default: runs/NAME")

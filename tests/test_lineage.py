@@ -1,0 +1,141 @@
+"""The nightly lineage (`lcsb night`) on lamp-tiny and the shipped phone-labels sample: the first 40 items are night
+1's data, the next 40 arrive for night 2."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+from helpers import REPO, cli, kill_after_step
+from safetensors.torch import load_file
+
+from lcsb_cli.run import lineage
+
+SAMPLE = REPO / "recipes" / "data" / "personal" / "movies.jsonl"
+ARGS = ("backend=cpu", "train.max_steps=4", "train.batch_size=4", "train.save_every=2")
+
+
+def night(root, data, *extra):
+    return cli("night", "overnight", f"data.train={data}", *ARGS, *extra, "--output", str(root))
+
+
+def ran(proc):
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.strip().splitlines()[-1]
+
+
+def same_lineage(a, b):
+    """lineage.json (but for training's wall time), every night's adapter and the served one."""
+
+    def state(root):
+        data = json.loads((root / "lineage.json").read_text())
+        for record in data["nights"]:
+            record.pop("train_time_s")
+        return data
+
+    assert state(a) == state(b)
+    assert os.readlink(a / "adapter") == os.readlink(b / "adapter")
+    for adapter in sorted(a.glob("nights/*/run/adapter/adapter_model.safetensors")):
+        theirs = load_file(b / adapter.relative_to(a))
+        assert all((t == theirs[k]).all() for k, t in load_file(adapter).items()), adapter
+
+
+@pytest.fixture(scope="module")
+def days(tmp_path_factory):
+    """Data files: night 1's 40 items, then with night 2's 40 more; a lineage after night 1 and one after night 2."""
+    root = tmp_path_factory.mktemp("lineage")
+    lines = SAMPLE.read_text().splitlines(keepends=True)
+    first, second = root / "day1.jsonl", root / "day2.jsonl"
+    first.write_text("".join(lines[:40]))
+    second.write_text("".join(lines[:80]))
+    ran(night(root / "after1", first))
+    shutil.copytree(root / "after1", root / "after2", symlinks=True)
+    ran(night(root / "after2", second))
+    return root, first, second
+
+
+def copy_of(days, name, tmp_path):
+    shutil.copytree(days[0] / name, tmp_path / "lineage", symlinks=True)
+    return tmp_path / "lineage"
+
+
+def test_a_night_on_unchanged_data_changes_nothing(days, tmp_path):
+    _, _, second = days
+    lineage_dir = copy_of(days, "after2", tmp_path)
+    before = (lineage_dir / "lineage.json").read_bytes()
+    assert ran(night(lineage_dir, second)) == "no new items since night 2; the promoted adapter stays " + (
+        "nights/002/run/adapter"
+    )
+    assert (lineage_dir / "lineage.json").read_bytes() == before
+    assert sorted(p.name for p in (lineage_dir / "nights").iterdir()) == ["001", "002"]
+
+
+def test_new_items_are_found_and_old_ones_not_relearned(days):
+    root, first, second = days
+    old = {lineage.item_hash(e) for e in lineage.load_personal(first).examples}
+    new = {lineage.item_hash(e) for e in lineage.load_personal(second).examples} - old
+    plan = json.loads((root / "after2" / "nights" / "002" / "plan.json").read_text())
+    state1 = lineage.read_state(root / "after1")
+    assert set(plan["new"]) == new and len(new) == 40
+    # trained: night 1's held-out items, tonight's older new items, and replayed items learned before (not the probe)
+    fresh = plan["train"][: len(plan["learned"])]
+    assert fresh == state1["carried"] + plan["train_new"]
+    replayed = set(plan["train"][len(fresh) :])
+    assert len(replayed) == plan["replay"] > 0
+    assert replayed <= set(state1["learned"]) - set(state1["probe"])
+    assert not set(plan["train_new"]) & old
+
+
+def test_a_regressing_night_is_not_promoted_and_the_previous_adapter_is_served(days, tmp_path):
+    _, _, second = days
+    lineage_dir = copy_of(days, "after1", tmp_path)
+    line = ran(night(lineage_dir, second, "train.lr=0.3"))
+    state = lineage.read_state(lineage_dir)
+    record = state["nights"][-1]
+    assert not record["promoted"] and record["after"]["held_out"] < record["before"]["held_out"]
+    assert state["current"] == "nights/001/run/adapter" == os.readlink(lineage_dir / "adapter")
+    assert line.endswith("not promoted, kept nights/001/run/adapter")
+    assert f"held_out accuracy {record['before']['held_out']:.3f} -> {record['after']['held_out']:.3f}" in line
+
+
+def crash_at(monkeypatch, name):
+    def crash(*args, **kwargs):
+        raise KeyboardInterrupt(f"killed at {name}")
+
+    monkeypatch.setattr(lineage, name, crash)
+
+
+@pytest.mark.parametrize("phase", ["_scores", "_train_night", "promote", "_write_report"])
+def test_a_night_cut_at_any_phase_ends_as_an_uninterrupted_one(days, tmp_path, monkeypatch, phase):
+    """Cut before the evaluations, before training, before the promotion's replace, and after it."""
+    root, _, second = days
+    lineage_dir = copy_of(days, "after1", tmp_path)
+    with monkeypatch.context() as patched:
+        crash_at(patched, phase)
+        with pytest.raises(KeyboardInterrupt):
+            lineage.night(*_night_args(lineage_dir, second))
+    ran(night(lineage_dir, second))
+    same_lineage(root / "after2", lineage_dir)
+
+
+def test_kill_9_during_training_then_the_same_command_ends_identical(days, tmp_path):
+    root, _, second = days
+    lineage_dir = copy_of(days, "after1", tmp_path)
+    command = [sys.executable, "-m", "lcsb_cli", "night", "overnight", f"data.train={second}", *ARGS]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.Popen(
+        [*command, "--output", str(lineage_dir)], cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
+    kill_after_step(proc, lineage_dir / "nights" / "002" / "run", 3)
+    ran(night(lineage_dir, second))
+    same_lineage(root / "after2", lineage_dir)
+
+
+def _night_args(root, data):
+    from lcsb_cli.paths import recipe_file
+    from lcsb_cli.recipe import load_recipe
+    from lcsb_cli.run.hooks import SilentReporter
+
+    return load_recipe(recipe_file("overnight"), [f"data.train={data}", *ARGS]), root, SilentReporter()
