@@ -19,7 +19,7 @@ from ..methods import build_method, check_layer_counts
 from ..model import adapter as adapters
 from ..model.load import load_model, lora_parameters
 from ..model.losses import causal_lm_loss
-from ..model.memory import breakdown
+from ..model.memory import breakdown, peak_rss_mb, rebased
 from ..model.precision import prepare_for_autocast
 from ..recipe import Recipe
 from ..runtime import log_to
@@ -229,9 +229,6 @@ def _finish(run: Run) -> dict:
     summary["memory"] = breakdown(
         run.loaded.model, run.loaded.probe, run.loaded.runtime_mb, run.trainer.backend.held_weights()
     )
-    # one peak: the process's, which the breakdown splits
-    if run.trainer.backend.device.type == "cpu":
-        summary["peak_mem_mb"] = summary["memory"]["peak_rss_mb"]
     summary.update(load_time_s=run.load_time_s, run_dir=str(run.run_dir), adapter=str(run.adapter_dir))
     summary.update(warm.summary_fields(run.recipe, run.loaded.model))
     if run.watch is not None and run.watch.keep:
@@ -253,6 +250,10 @@ def _finish(run: Run) -> dict:
         write_report(
             run.run_dir, run.recipe, run.job.state, summary, summary["eval_after"], run.adapter_dir, run.task.skipped
         )
+    # one peak: the process's, the overnight evaluation included, which the breakdown splits
+    summary["memory"] = rebased(summary["memory"], peak_rss_mb())
+    if run.trainer.backend.device.type == "cpu":
+        summary["peak_mem_mb"] = summary["memory"]["peak_rss_mb"]
     write_json_atomic(RunDir(run.run_dir).summary, summary)
     run.job.save()
     return summary
