@@ -289,7 +289,9 @@ class MemoryConfig:
     malloc_mmap_threshold_kb: int = key(
         0, "glibc: blocks above this are mmapped and returned when freed; 0: default", min=0
     )
-    kernel_cache: int = key(0, "oneDNN / ideep kernels cached (one per matmul shape); 0: their default, 1024", min=0)
+    kernel_cache: int = key(
+        32, "oneDNN / ideep kernels cached (one per matmul shape: each new batch length adds); 0: theirs, 1024", min=0
+    )
 
 
 @dataclass

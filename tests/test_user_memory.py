@@ -1,0 +1,70 @@
+"""A per-user run's memory does not grow with the number of users (issue 48): what each user leaves behind (its
+model's heap, the matmul kernels cached for its batch lengths) is freed or bounded, in a process of its own."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+from helpers import LAMP2, REPO
+
+USERS = 10
+
+EACH_USER = """
+import json, sys
+from pathlib import Path
+from lcsb_cli.model.memory import rss_mb
+from lcsb_cli.recipe import load_recipe
+from lcsb_cli.run.hooks import SilentReporter
+from lcsb_cli.run.per_user import train_per_user
+
+class EachUser(SilentReporter):
+    rss = []
+    def for_user(self, user_id):
+        return self
+    def on_end(self, summary):
+        self.rss.append(rss_mb())
+
+recipe = load_recipe(Path(sys.argv[1]), sys.argv[2:])
+train_per_user(recipe, Path(recipe.output_dir), EachUser())
+print(json.dumps(EachUser.rss))
+"""
+
+
+def some_users(tmp_path, count):
+    """The shipped sample's first `count` users' questions and answers."""
+    dev = json.loads((REPO / "recipes" / "data" / "lamp2" / "dev_questions.json").read_text())
+    golds = json.loads((REPO / "recipes" / "data" / "lamp2" / "dev_outputs.json").read_text())["golds"]
+    kept = sorted({q["user_id"] for q in dev})[:count]
+    questions = [q for q in dev if q["user_id"] in kept]
+    ids = {q["id"] for q in questions}
+    (tmp_path / "q.json").write_text(json.dumps(questions))
+    (tmp_path / "o.json").write_text(json.dumps({"task": "LaMP_2", "golds": [g for g in golds if g["id"] in ids]}))
+    return [f"data.eval={tmp_path / 'q.json'}", f"data.eval_labels={tmp_path / 'o.json'}"]
+
+
+@pytest.mark.skipif(
+    not torch.ops.mkldnn._is_mkldnn_bf16_supported(),
+    reason="without native bf16 oneDNN caches no per-shape bf16 kernels, the part that grew with the users",
+)
+def test_rss_after_the_tenth_user_is_the_rss_after_the_second(tmp_path):
+    """RSS as each user finishes (its model still loaded). Before the fix it rose 153 MB from user 2 to user 10 here
+    (each user's new batch lengths filled oneDNN's and ideep's 1024-entry kernel caches)."""
+    overrides = [
+        *some_users(tmp_path, USERS),
+        "data.user=all",
+        "train.max_steps=3",
+        "train.save_every=0",
+        "train.autocast=bf16",
+        "overnight.report=false",
+        f"output_dir={tmp_path / 'run'}",
+    ]
+    proc = subprocess.run(
+        [sys.executable, "-c", EACH_USER, str(LAMP2), *overrides], capture_output=True, text=True, cwd=REPO
+    )
+    assert proc.returncode == 0, proc.stderr
+    rss = json.loads(proc.stdout.splitlines()[-1])
+    # each user's end, then the run's
+    assert len(rss) == USERS + 1
+    assert rss[USERS - 1] - rss[1] < 20, [round(mb) for mb in rss]
