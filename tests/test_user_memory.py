@@ -7,7 +7,9 @@ import sys
 
 import pytest
 import torch
-from helpers import LAMP2, REPO
+from helpers import LAMP2, REPO, run_train
+
+import lcsb_cli.evaluate
 
 USERS = 10
 
@@ -68,3 +70,27 @@ def test_rss_after_the_tenth_user_is_the_rss_after_the_second(tmp_path):
     # each user's end, then the run's
     assert len(rss) == USERS + 1
     assert rss[USERS - 1] - rss[1] < 20, [round(mb) for mb in rss]
+
+
+def test_a_per_user_runs_peak_is_the_processs_with_the_final_evaluation(tmp_path, monkeypatch):
+    """Each user's summary holds its own peak; the run's summary holds the process's, and the evaluation of every
+    user's adapter after the last user trained is part of it (here it holds 256 MiB more than any user did)."""
+    evaluate = lcsb_cli.evaluate.run_eval
+
+    def heavier_after(recipe, output, adapter=None, run_dir=None, **kwargs):
+        held = torch.ones(2**26) if run_dir is not None else None
+        try:
+            return evaluate(recipe, output, adapter, run_dir, **kwargs)
+        finally:
+            del held
+
+    monkeypatch.setattr(lcsb_cli.evaluate, "run_eval", heavier_after)
+    summary = run_train(
+        tmp_path / "run", *some_users(tmp_path, 2), "data.user=all", "train.max_steps=2", "overnight.report=true"
+    )
+    users = [json.loads(path.read_text()) for path in sorted((tmp_path / "run" / "users").glob("*/summary.json"))]
+    assert len(users) == 2
+    assert summary["peak_mem_mb"] > max(user["peak_mem_mb"] for user in users) + 200
+    assert summary["memory"]["peak_rss_mb"] == summary["peak_mem_mb"]
+    assert summary["memory"]["other_mb"] > max(user["memory"]["other_mb"] for user in users) + 200
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["peak_mem_mb"] == summary["peak_mem_mb"]
