@@ -23,6 +23,12 @@ REPO = Path(__file__).resolve().parent.parent
 LAMP2 = REPO / "tests" / "tiny.yaml"
 
 
+def without_cache_caps() -> dict:
+    """This environment without the kernel-cache sizes a model load in this process set (`limit_kernel_caches`), so a
+    child process's recipe decides its own."""
+    return {k: v for k, v in os.environ.items() if k not in ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY")}
+
+
 NOISY_MAIN = (
     "import lcsb_cli, noisy_library; noisy_library.install(); from lcsb_cli.cli import app; app(prog_name='lcsb')"
 )

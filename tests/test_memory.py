@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 import yaml
-from helpers import LAMP2, REPO, lcsb, model_and_first_batch
+from helpers import LAMP2, REPO, lcsb, model_and_first_batch, without_cache_caps
 from safetensors.torch import load_file
 
 from lcsb_cli.data import build_train_batches
@@ -200,7 +200,9 @@ def test_8bit_adamw_keeps_a_quarter_of_the_state_and_moves_like_adamw():
 
 
 def run_python(code: str) -> float:
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True, env=without_cache_caps()
+    )
     return float(out.stdout.split()[-1])
 
 

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 import torch
-from helpers import LAMP2, REPO, run_train
+from helpers import LAMP2, REPO, run_train, without_cache_caps
 
 import lcsb_cli.evaluate
 
@@ -63,7 +63,11 @@ def test_rss_after_the_tenth_user_is_the_rss_after_the_second(tmp_path):
         f"output_dir={tmp_path / 'run'}",
     ]
     proc = subprocess.run(
-        [sys.executable, "-c", EACH_USER, str(LAMP2), *overrides], capture_output=True, text=True, cwd=REPO
+        [sys.executable, "-c", EACH_USER, str(LAMP2), *overrides],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=without_cache_caps(),
     )
     assert proc.returncode == 0, proc.stderr
     rss = json.loads(proc.stdout.splitlines()[-1])
