@@ -302,14 +302,14 @@ def test_breakdown_parts_match_what_the_test_counts_itself():
 def test_a_runs_summary_breakdown_holds_lora_and_adamw_and_leaves_no_negative_rest(tmp_path):
     """In a process of its own (as a user runs it) the parts were all resident above the runtime at once, so the
     unexplained rest cannot be negative. Full backprop keeps per adapter parameter at least 16 bytes (the fp32
-    weight, AdamW's two moments, one step's gradient) and at most 12 more (the divergence guard's copy of the weight
-    and moments)."""
+    weight, AdamW's two moments, one step's gradient) and at most 24 more (the divergence guard's two copies of the
+    weight and moments: the last clean state and the one at the lowest mean loss, for a slow climb)."""
     run = tmp_path / "run"
     proc = lcsb("train", str(LAMP2), "train.max_steps=2", "lora.rank=64", "method=full-backprop", "--output", str(run))
     assert proc.returncode == 0, proc.stderr
     figures = json.loads((run / "summary.json").read_text())["memory"]
     params = sum(t.numel() for t in load_file(run / "adapter" / "adapter_model.safetensors").values())
-    assert 16 * params / 2**20 - 0.1 <= figures["lora_optimizer_mb"] <= 28 * params / 2**20 + 0.1
+    assert 16 * params / 2**20 - 0.1 <= figures["lora_optimizer_mb"] <= 40 * params / 2**20 + 0.1
     assert figures["other_mb"] >= 0 and figures["runtime_mb"] < figures["peak_rss_mb"]
 
 
