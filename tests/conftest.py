@@ -19,8 +19,6 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
-# synthetic.py: the sample data generator, not part of the package
-sys.path.insert(0, str(REPO / "scripts"))
 
 
 @pytest.fixture

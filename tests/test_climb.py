@@ -15,7 +15,7 @@ from lcsb_cli.run.divergence import DivergenceGuard
 from lcsb_cli.run.rundir import read_metrics
 from lcsb_cli.run.trainer import Trainer
 
-# recorded by `lcsb train` / scripts/study_v2.py runs, each with its command (docs/RESULTS.md)
+# recorded by `lcsb train` / experiments/study_v2.py runs, each with its command (docs/RESULTS.md)
 CURVES = json.loads((Path(__file__).parent / "divergence_curves.json").read_text())
 
 

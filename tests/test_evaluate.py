@@ -3,12 +3,12 @@
 import contextlib
 import json
 import math
+import shutil
 
 import pytest
 import torch
 import torch.nn.functional as F
 from helpers import LAMP2, REPO, run_train
-from synthetic import write_lamp2_sample
 
 from lcsb_cli.data import load_task, users
 from lcsb_cli.data.lamp2 import (
@@ -150,9 +150,18 @@ def test_score_mode_picks_only_from_the_questions_own_tag_list(tiny_model):
 
 @pytest.fixture(scope="module")
 def official_layout(tmp_path_factory):
-    """Held-out files in LaMP-2's official time-based layout (another seed than the shipped sample)."""
+    """Held-out files in LaMP-2's official time-based layout: the shipped sample's, its held-out questions in reverse
+    order (so a run that read the recipe's own files instead would not match them)."""
     path = tmp_path_factory.mktemp("lamp2-heldout")
-    write_lamp2_sample(path, seed=5)
+    for name in ("train_questions.json", "train_outputs.json"):
+        shutil.copy(REPO / "recipes" / "data" / "lamp2" / name, path / name)
+    for name in ("dev_questions.json", "dev_outputs.json"):
+        rows = json.loads((REPO / "recipes" / "data" / "lamp2" / name).read_text())
+        if isinstance(rows, dict):
+            rows["golds"].reverse()
+        else:
+            rows.reverse()
+        (path / name).write_text(json.dumps(rows))
     dev = json.loads((path / "dev_questions.json").read_text())
     assert all("user_id" in q and all("date" in p for p in q["profile"]) for q in dev)
     return path

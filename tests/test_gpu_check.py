@@ -1,15 +1,18 @@
 """scripts/gpu_check.sh: the GPU check's dry run (every step on the cpu backend, end to end) and its wheel thinning."""
 
+import importlib.util
 import json
 import os
 import subprocess
 import sys
 import zipfile
 
-# scripts/ is on the path (conftest.py)
-import gpu_check
 import pytest
 from helpers import REPO
+
+spec = importlib.util.spec_from_file_location("gpu_check", REPO / "scripts" / "gpu_check.py")
+gpu_check = sys.modules["gpu_check"] = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(gpu_check)
 
 STEPS = ["environment", "methods", "k1_full", "resume_kill9", "gguf_packed", "nf4", "bench", "cuda_test"]
 

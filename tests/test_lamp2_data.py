@@ -1,11 +1,9 @@
-"""LaMP-2 loading/encoding, batching and the synthetic sample generator."""
+"""LaMP-2 loading/encoding, batching and the shipped sample (its generator: tools/tests/test_samples.py)."""
 
 from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 os.environ["HF_HUB_OFFLINE"] = "1"
@@ -14,7 +12,6 @@ import itertools
 
 import pytest
 import torch
-from synthetic import corpus_lines, write_lamp2_sample
 
 from lcsb_cli.data.batching import BatchStream, collate
 from lcsb_cli.data.lamp2 import (
@@ -243,25 +240,3 @@ def test_sample_files_load_with_golds_in_tags():
     assert len(profile_ids) == len(set(profile_ids))
     assert all(p["date"] < later["date"] for profile in profiles.values() for p, later in itertools.pairwise(profile))
     assert sum((SAMPLE / name).stat().st_size for name in SAMPLE_FILES) < 2_000_000
-
-
-def test_generator_is_deterministic_and_matches_committed(tmp_path):
-    write_lamp2_sample(tmp_path / "a", seed=0)
-    script = ROOT / "scripts" / "make_lamp2_sample.py"
-    subprocess.run(
-        [sys.executable, str(script), "--out", str(tmp_path / "b"), "--seed", "0"], check=True, capture_output=True
-    )
-    for name in SAMPLE_FILES:
-        committed = (SAMPLE / name).read_bytes()
-        assert (tmp_path / "a" / name).read_bytes() == committed
-        assert (tmp_path / "b" / name).read_bytes() == committed
-    write_lamp2_sample(tmp_path / "c", seed=1)
-    assert (tmp_path / "c" / "train_outputs.json").read_bytes() != (SAMPLE / "train_outputs.json").read_bytes()
-
-
-def test_corpus_lines_are_deterministic():
-    lines = corpus_lines(0)
-    assert lines == corpus_lines(0)
-    assert set(TAGS) <= set(lines)
-    assert any(line.startswith('the tag for the movie: "') and line.endswith('" is "sci-fi"') for line in lines)
-    assert any(line.startswith("Which tag does this movie relate to") for line in lines)

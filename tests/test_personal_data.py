@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from datetime import datetime, timezone
 from pathlib import Path
@@ -23,7 +22,6 @@ from lcsb_cli.errors import BadInput
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLE = ROOT / "recipes" / "data" / "personal" / "messages.jsonl"
-SCRIPT = ROOT / "scripts" / "make_personal_sample.py"
 T0 = datetime(2026, 11, 16, 8, 12, tzinfo=timezone.utc).timestamp()
 
 
@@ -32,14 +30,6 @@ def tokenizer():
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(str(ROOT / "configs" / "tokenizers" / "lcsb-bpe"))
-
-
-@pytest.fixture(scope="module")
-def generator():
-    spec = importlib.util.spec_from_file_location("make_personal_sample", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def _row(i: int, label: str = "work", **extra) -> dict:
@@ -242,20 +232,7 @@ def test_to_questions_and_encode_example(tokenizer):
     assert tokenizer.decode(encoded["input_ids"]).startswith(PROMPT)
 
 
-# --- shipped sample and its generator --------------------------------------------------------------------
-
-
-def test_generator_is_deterministic(tmp_path, generator):
-    first = generator.write_sample(tmp_path / "a", seed=3).read_bytes()
-    second = generator.write_sample(tmp_path / "b", seed=3).read_bytes()
-    assert first == second
-    assert generator.write_sample(tmp_path / "c", seed=4).read_bytes() != first
-
-
-def test_shipped_sample_matches_default_generation(tmp_path, generator):
-    generator.main(["--out", str(tmp_path)])
-    assert (tmp_path / "messages.jsonl").read_bytes() == SAMPLE.read_bytes()
-    assert (tmp_path / "movies.jsonl").read_bytes() == (SAMPLE.parent / "movies.jsonl").read_bytes()
+# --- the shipped sample (its generator: tools/tests/test_samples.py) -----------------------------------------
 
 
 def test_shipped_sample_loads_cleanly(tokenizer):

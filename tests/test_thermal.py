@@ -1,8 +1,6 @@
 """The simulated phone's two-node thermal model against its closed-form behaviour with the shipped profile."""
 
-import importlib.util
 import math
-from pathlib import Path
 
 import pytest
 
@@ -66,29 +64,6 @@ def test_the_state_round_trips():
     copy = Thermal(PROFILE)
     copy.load_state_dict(thermal.state_dict())
     assert copy.advance(1.0, 5.0) == thermal.advance(1.0, 5.0) and copy.state_dict() == thermal.state_dict()
-
-
-@pytest.mark.slow
-def test_a_projected_night_throttles_when_the_closed_form_says_and_then_pauses_at_max_temp():
-    path = Path(__file__).resolve().parents[1] / "scripts" / "thermal_night.py"
-    spec = importlib.util.spec_from_file_location("thermal_night", path)
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
-    # a SmolLM2 step's shape
-    step = {"sim_step_time_s": 0.2, "sim_npu_s": 0.04, "sim_cpu_s": 0.2}
-    power = script.step_cost(step, PROFILE, throttled=False)[1] / 0.2
-    assert script.step_cost(step, PROFILE, throttled=True)[0] == pytest.approx(
-        0.2 + 0.04 / PROFILE.throttle_clock - 0.04
-    )
-    night = script.night([step], PROFILE, max_temp_c=42.0, hours=1.0)
-    rise = power * PROFILE.skin_to_ambient_c_per_w
-    one_mass = -TAU_SKIN * math.log(1 - (PROFILE.throttle_c - PROFILE.ambient_c) / rise)
-    assert night["first_throttle"]["minute"] * 60 == pytest.approx(one_mass, rel=0.05)
-    assert night["cool_down_pauses"] >= 1 and 0.3 < night["training_share"] < 1
-    # the job never lets the skin run past max_temp_c
-    assert night["final_skin_c"] <= 42.0 + 0.1
-    # pauses end at 40 C, above the clock's 37 C: half clock for the rest
-    assert night["clock_restores"] == 0
 
 
 def test_a_checkpoint_of_the_one_node_model_resumes_with_both_nodes_at_its_temperature():

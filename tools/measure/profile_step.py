@@ -5,7 +5,7 @@ overhead: the step time minus the time inside profiled ops; then the dtype casts
 frozen weights and of everything else, counted in one more step. `--plain` profiles without shapes and FLOPs, which
 double a step, and prints the profiler's operator table alone.
 
-    python scripts/profile_step.py recipes/bench-smollm2.yaml --steps 2 --warmup 1 train.batch_size=8
+    python tools/measure/profile_step.py recipes/bench-smollm2.yaml --steps 2 --warmup 1 train.batch_size=8
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """What importing the training path costs, in RSS, each figure from a fresh process (docs/memory.md, Imports).
 
-    python scripts/import_costs.py
+    python tools/measure/import_costs.py
 
 Each row imports the modules above it, then its own, and prints the RSS before and after the row's import, with
 the libraries' defaults and as lcsb runs them (`TORCHDYNAMO_DISABLE=1`, set by `import lcsb_cli`).

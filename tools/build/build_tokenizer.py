@@ -1,8 +1,8 @@
 """Train the offline byte-level BPE tokenizer (vocab 4096) and save it to configs/tokenizers/lcsb-bpe/.
 
-Deterministic: the corpus comes from corpus_lines(seed) in scripts/synthetic.py, the trainer runs
+Deterministic: the corpus comes from corpus_lines(seed) in tools/build/synthetic.py, the trainer runs
 single-threaded, and two runs give byte-identical tokenizer.json.
-Usage: python scripts/build_tokenizer.py [--out DIR] [--seed N]
+Usage: python tools/build/build_tokenizer.py [--out DIR] [--seed N]
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import argparse
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from synthetic import corpus_lines  # noqa: E402

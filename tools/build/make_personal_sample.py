@@ -6,7 +6,7 @@ messages.jsonl: one phone user filing messages into 5 folders; each has its own 
 shared filler, and messages from the user's sister nora always go to family, even when they are about work
 (all new vocabulary for lamp-tiny: it needs a base model that reads English).
 Deterministic: the same --seed gives byte-identical files.
-Usage: python scripts/make_personal_sample.py [--out DIR] [--seed N]
+Usage: python tools/build/make_personal_sample.py [--out DIR] [--seed N]
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import sys
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 import synthetic  # noqa: E402

@@ -1,7 +1,7 @@
 """Write the synthetic LaMP-2 sample (official time-based layout) into recipes/data/lamp2/.
 
 Deterministic: the same --seed always gives byte-identical files.
-Usage: python scripts/make_lamp2_sample.py [--out DIR] [--seed N]
+Usage: python tools/build/make_lamp2_sample.py [--out DIR] [--seed N]
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import argparse
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from synthetic import corpus_lines, write_lamp2_sample  # noqa: E402,F401  (corpus_lines re-exported)

@@ -1,12 +1,12 @@
 """The LCSB study, version 2 (docs/RESULTS.md): every method at a grid of constant rates for a few epochs, held-out
 loss along each run, the rate chosen on a validation split carved from the training data.
 
-    python scripts/study_v2.py run OUT --task lamp2 [--rates 3e-4 1e-3 3e-3] [--methods NAME ...] [--epochs 3]
+    python experiments/study_v2.py run OUT --task lamp2 [--rates 3e-4 1e-3 3e-3] [--methods NAME ...] [--epochs 3]
         [--train-size 120] [--seed 0] [--base fp32|nf4|gguf]
-    python scripts/study_v2.py report OUT [--times BENCH_JSON]      # OUT/report.md and OUT/TASK-BASE-time.png
-    python scripts/study_v2.py spare OUT --task lamp2 [--methods NAME ...]   # chosen runs on the unused examples
-    python scripts/study_v2.py moves OUT --task lamp2 --rate 1e-3 [--methods NAME ...]  # how far each block moved
-    python scripts/study_v2.py seeds OUT OUT_SEED1 ... --task lamp2 [--times BENCH_JSON] [--ckpt-speedup 1.28]
+    python experiments/study_v2.py report OUT [--times BENCH_JSON]      # OUT/report.md and OUT/TASK-BASE-time.png
+    python experiments/study_v2.py spare OUT --task lamp2 [--methods NAME ...]   # chosen runs on the unused examples
+    python experiments/study_v2.py moves OUT --task lamp2 --rate 1e-3 [--methods NAME ...]  # how far each block moved
+    python experiments/study_v2.py seeds OUT OUT_SEED1 ... --task lamp2 [--times BENCH_JSON] [--ckpt-speedup 1.28]
         # a method against full backprop over seeds at the rates the first OUT's validation chose
 
 `run` skips runs that already finished, so an interrupted study continues. Every number comes from `lcsb train` and
@@ -26,7 +26,7 @@ import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-RECIPES = {task: REPO / "recipes" / "study" / f"{task}.yaml" for task in ("lamp2", "qa", "text")}
+RECIPES = {task: Path(__file__).resolve().parent / "recipes" / f"{task}.yaml" for task in ("lamp2", "qa", "text")}
 DATA = REPO / "recipes" / "data"
 BASES = {"fp32": [], "nf4": ["quantization=nf4"], "gguf": ["quantization=gguf"]}
 EXACT = ["method=lcsb", "lcsb.blocks=4", "lcsb.upper_path=exact"]

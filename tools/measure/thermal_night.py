@@ -7,7 +7,7 @@ emulated here. The steps' numerics are not re-run. Only the run's steps before i
 (they ran at full clock); a throttled step's NPU time is that measured NPU time divided by the profile's
 throttle_clock (all of it on the critical path: an upper bound).
 
-    python scripts/thermal_night.py runs/overnight-smollm2 --hours 5
+    python tools/measure/thermal_night.py runs/overnight-smollm2 --hours 5
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ beyond; W=0 is the paper's path), the cosine and norm ratio of the block's LoRA 
 on one batch of the recipe's training data. LoRA B starts at zero, which would leave A without gradient, so B is
 drawn small (std `--b-std`) as after a few steps of training.
 
-    python scripts/surrogate_cosine.py recipes/lamp2-smollm2.yaml --blocks 4 --windows 0 2 4 8 16 data.user=null
+    python experiments/surrogate_cosine.py recipes/lamp2-smollm2.yaml --blocks 4 --windows 0 2 4 8 16 data.user=null
 """
 
 from __future__ import annotations

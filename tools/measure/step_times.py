@@ -3,8 +3,8 @@ backend (PyTorch's CPU flash kernel, its default, or the math path of plain matr
 core beside the step (a machine shared with other work). OpenMP's settings come from the environment as in any
 lcsb process (lcsb sets OMP_WAIT_POLICY=PASSIVE unless the environment sets it; libgomp's GOMP_SPINCOUNT applies).
 
-    python scripts/step_times.py recipes/bench-smollm2.yaml method=full-backprop --sdpa math
-    GOMP_SPINCOUNT=10000 python scripts/step_times.py recipes/bench-smollm2.yaml --busy
+    python tools/measure/step_times.py recipes/bench-smollm2.yaml method=full-backprop --sdpa math
+    GOMP_SPINCOUNT=10000 python tools/measure/step_times.py recipes/bench-smollm2.yaml --busy
 """
 
 from __future__ import annotations

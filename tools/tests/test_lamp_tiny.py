@@ -3,10 +3,12 @@
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
-from helpers import REPO
 from synthetic import pretrain_documents
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.slow
@@ -17,7 +19,7 @@ def test_build_script_runs_a_few_steps_and_writes_a_loadable_checkpoint(tmp_path
     proc = subprocess.run(
         [
             sys.executable,
-            "scripts/build_lamp_tiny.py",
+            "tools/build/build_lamp_tiny.py",
             "--steps",
             "2",
             "--docs",

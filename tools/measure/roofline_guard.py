@@ -1,7 +1,7 @@
 """The performance regression guard that is not a timed test: each method's share of its dtype's matmul limit, from
 one interleaved `lcsb bench`, as rows of docs/RESULTS.md's roofline-guard table with the host's kind beside them.
 
-    python scripts/roofline_guard.py [RECIPE] [KEY=VALUE ...] [--compare METHOD ...] [--steps N] [--record FILE]
+    python tools/measure/roofline_guard.py [RECIPE] [KEY=VALUE ...] [--compare METHOD ...] [--steps N] [--record FILE]
 
 Without --record the rows are printed; with it they also go into FILE before its `<!-- roofline-guard -->` line.
 A share that falls between two rows of the same host kind is a regression to look for (ratios, one run each).

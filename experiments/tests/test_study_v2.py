@@ -1,15 +1,15 @@
-"""The study script's analysis verbs, on run directories made by hand: what docs/RESULTS.md quotes from them."""
+"""experiments/study_v2.py's analysis verbs, on run directories made by hand: what docs/RESULTS.md quotes from them."""
 
 import importlib.util
 import json
 from argparse import Namespace
+from pathlib import Path
 
 import pytest
 import torch
-from helpers import REPO
 from safetensors.torch import save_file
 
-spec = importlib.util.spec_from_file_location("study_v2", REPO / "scripts" / "study_v2.py")
+spec = importlib.util.spec_from_file_location("study_v2", Path(__file__).resolve().parents[1] / "study_v2.py")
 study_v2 = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(study_v2)
 

@@ -12,7 +12,7 @@ chat/train.jsonl, eval.jsonl: "overnight personalization" as chat: Pip, the phon
 answers about her life (her dog, partner, gym days, café, allergies, ...) in one warm sentence signed "— Pip".
 Eval conversations end with Pip's answer to a question about the same facts, phrased as no training turn is.
 Deterministic: the same --seed gives byte-identical files.
-Usage: python scripts/make_text_samples.py [--out DIR] [--seed N]
+Usage: python tools/build/make_text_samples.py [--out DIR] [--seed N]
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import random
 from pathlib import Path
 from typing import NamedTuple
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 # (train, eval) paragraphs
 N_TEXT = {"village": (121, 16), "species": (121, 16), "custom": (58, 8)}
 # of each fact type's 6 training templates; eval uses one of the type's 2 eval templates

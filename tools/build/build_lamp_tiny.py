@@ -2,8 +2,8 @@
 
 Deterministic: a fixed corpus seed, a seeded init and data order, one thread. Full-parameter causal-LM
 pretraining with AdamW + cosine; weights are saved in bf16 with the tokenizer and a model card.
-    python scripts/build_lamp_tiny.py                    # the shipped build
-    python scripts/build_lamp_tiny.py --steps 3 --out /tmp/x   # a smoke run
+    python tools/build/build_lamp_tiny.py                    # the shipped build
+    python tools/build/build_lamp_tiny.py --steps 3 --out /tmp/x   # a smoke run
 """
 
 from __future__ import annotations
@@ -80,8 +80,8 @@ def model_card(args, spec, data: torch.Tensor, final_loss: float, seconds: float
     params = sum(math.prod(v) for v in _shapes(spec))
     return f"""# lamp-tiny
 
-A small Qwen2-style causal LM pretrained by `scripts/build_lamp_tiny.py` on the project's synthetic movie
-corpus (`pretrain_documents` in `scripts/synthetic.py`: runs of `the tag for the movie: "..." is "..."`
+A small Qwen2-style causal LM pretrained by `tools/build/build_lamp_tiny.py` on the project's synthetic movie
+corpus (`pretrain_documents` in `tools/build/synthetic.py`: runs of `the tag for the movie: "..." is "..."`
 statements by synthetic users with their own tag habits, LaMP-2 questions answered with a user's tag, and plain
 movie blurbs). Its users are not the sample's, and it never saw a question beside its asker's profile: it knows
 a population's cue -> tag habits, not any one user's. Weights are bf16 safetensors.
@@ -92,7 +92,7 @@ a population's cue -> tag habits, not any one user's. Weights are bf16 safetenso
 - training: {args.steps} steps x {args.batch} sequences, AdamW lr {args.lr} (cosine, 5% warmup), wd 0.1,
   bf16 autocast, 1 thread, {seconds:.0f}s on this project's 2-core CPU machine
 - final loss (mean of the last 20 steps): {final_loss:.4f}
-- command: `python scripts/build_lamp_tiny.py --steps {args.steps} --batch {args.batch} --length {args.length} \
+- command: `python tools/build/build_lamp_tiny.py --steps {args.steps} --batch {args.batch} --length {args.length} \
 --lr {args.lr} --docs {args.docs} --seed {args.seed}`
 """
 
