@@ -19,7 +19,11 @@ DATA_FILES = {
     "text": '.txt, or {"text"} records in JSONL, JSON, parquet, CSV, arrow or a save_to_disk directory',
     "completion": '{"prompt", "completion"} records in JSONL, JSON, parquet, CSV, arrow or a save_to_disk directory',
     "chat": '{"messages"} records in JSONL, JSON, parquet, CSV, arrow or a save_to_disk directory',
+    "preference": '{"prompt", "chosen", "rejected"} records in JSONL, JSON, parquet, CSV, arrow or save_to_disk',
+    "feedback": '{"prompt", "completion", "label"} records in JSONL, JSON, parquet, CSV, arrow or save_to_disk',
 }
+# the data format each objective learns from (objectives/)
+OBJECTIVE_FORMATS = {"dpo": ("preference",), "orpo": ("preference",), "kto": ("feedback",)}
 
 
 # train.report_to: each tracker and the modules its extra installs (mlflow's SQLite store needs sqlalchemy, alembic)
@@ -125,6 +129,7 @@ def validate(recipe: Recipe) -> None:
     elif recipe.data.user is not None and recipe.data.eval is None:
         raise BadInput("data.eval: per-user runs (data.user) need the users' questions file")
     _validate_format_keys(recipe.data)
+    _validate_objective(recipe)
     if recipe.data.columns:
         _validate_columns(recipe.data)
     if recipe.overnight.window is not None:
@@ -214,6 +219,18 @@ def _validate_format_keys(data: DataConfig) -> None:
             raise BadInput(
                 f"data.{f.name}: format {data.format} does not use it (only {', '.join(formats)}); remove it"
             )
+
+
+def _validate_objective(recipe: Recipe) -> None:
+    """Each objective reads its own data: dpo and orpo pairs, kto thumbs up/down, sft every other format."""
+    objective, fmt = recipe.objective, recipe.data.format
+    fits = OBJECTIVE_FORMATS.get(objective)
+    if fits is None and fmt in ("preference", "feedback"):
+        raise BadInput(f"objective: sft does not learn from format {fmt}; set objective=dpo, orpo or kto")
+    if fits is not None and fmt not in fits:
+        raise BadInput(f"objective: {objective} learns from data.format {fits[0]}, not {fmt}")
+    if not recipe.preference.label_smoothing < 0.5:
+        raise BadInput(f"preference.label_smoothing: {recipe.preference.label_smoothing} must be below 0.5")
 
 
 def _validate_columns(data: DataConfig) -> None:

@@ -12,10 +12,12 @@ from .selective.choices import IDLE_UPDATES, LR_SCALES, ON_RETURN, SCHEDULES, UP
 # gate/up/down_proj; Phi-3: qkv_proj, o_proj, gate_up_proj, down_proj)
 ALL_LINEAR = "all-linear"
 # data/formats.py implements each (a test checks)
-FORMATS = ("lamp2", "jsonl", "text", "completion", "chat")
+FORMATS = ("lamp2", "jsonl", "text", "completion", "chat", "preference", "feedback")
+# objectives/ implements each: the loss, orthogonal to the method
+OBJECTIVES = ("sft", "dpo", "orpo", "kto")
 # methods.py implements each (a test checks)
 METHODS = ("lcsb", "full-backprop", "freeze", "lisa", "mezo")
-LABELLED, LM = ("lamp2", "jsonl"), ("jsonl", "text", "completion", "chat")
+LABELLED, LM = ("lamp2", "jsonl"), ("jsonl", "text", "completion", "chat", "preference", "feedback")
 
 
 def key(
@@ -125,13 +127,21 @@ class NpuSimConfig:
 
 
 # data.columns: the roles whose column a text, completion or chat recipe can name (data/columns.py reads them)
-COLUMN_ROLES = {"text": ("id", "text"), "completion": ("id", "prompt", "completion"), "chat": ("id", "messages")}
+COLUMN_ROLES = {
+    "text": ("id", "text"),
+    "completion": ("id", "prompt", "completion"),
+    "chat": ("id", "messages"),
+    "preference": ("id", "prompt", "chosen", "rejected"),
+    "feedback": ("id", "prompt", "completion", "label"),
+}
 
 
 @dataclass
 class DataConfig:
     format: Literal[FORMATS] = key(
-        "lamp2", "lamp2: LaMP-2 JSON; jsonl: phone labels; text, completion, chat: see data/lm.py"
+        "lamp2",
+        "lamp2: LaMP-2 JSON; jsonl: phone labels; text, completion, chat: see data/lm.py; preference "
+        "{prompt, chosen, rejected}, feedback {prompt, completion, label}: see data/preference.py",
     )
     train: str | None = key(None, "the training file (text, completion, chat: or a datasets save_to_disk directory)")
     train_labels: str | None = key(None, "LaMP-2: the *_outputs.json of data.train", formats=("lamp2",))
@@ -162,6 +172,21 @@ class DataConfig:
         "roles: text, prompt, completion, messages (by format) and id",
         formats=("text", "completion", "chat"),
     )
+
+
+@dataclass
+class PreferenceConfig:
+    """The preference objectives' keys (objectives/losses.py), named and defaulted as TRL names them."""
+
+    beta: float = key(
+        0.1, "dpo, kto: the implicit reward's scale, beta * (log pi - log pi_ref); lower strays further from the base"
+    )
+    orpo_lambda: float = key(0.1, "orpo: the weight of the log-odds-ratio term beside the chosen NLL (TRL's beta)")
+    label_smoothing: float = key(
+        0.0, "dpo: the share of pairs assumed flipped (conservative DPO): -(1-e) log s(bz) - e log s(-bz)", min=0.0
+    )
+    desirable_weight: float = key(1.0, "kto: the weight of the desirable (label true) examples' losses", min=0.0)
+    undesirable_weight: float = key(1.0, "kto: the weight of the undesirable (label false) examples' losses", min=0.0)
 
 
 @dataclass
@@ -305,6 +330,12 @@ class Recipe:
     )
     lora: LoraConfig = key(None, "the adapters", factory=LoraConfig)
     method: Literal[METHODS] = key("lcsb", "the training method (lcsb_cli/methods.py)")
+    objective: Literal[OBJECTIVES] = key(
+        "sft",
+        "the loss, whatever the method: sft (cross-entropy on the targets) | dpo | orpo (data.format preference) | "
+        "kto (data.format feedback); lcsb_cli/objectives/",
+    )
+    preference: PreferenceConfig = key(None, "the preference objectives' keys", factory=PreferenceConfig)
     lcsb: LcsbConfig = key(None, "layer-cyclic selective backprop", factory=LcsbConfig)
     activation_checkpointing: bool = key(
         False, "recompute layers in backward (under lcsb: the active block, and the exact or suffix layers above it)"
