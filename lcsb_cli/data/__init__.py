@@ -44,4 +44,5 @@ def build_train_batches(
     rows = token_rows(recipe, tokenizer, task.train)
     if recipe.data.packing:
         rows = pack_rows(rows, recipe.data.max_length)
-    return BatchStream(rows, recipe.train.batch_size, recipe.train.seed, tokenizer.pad_token_id, shard)
+    collate = format_of(recipe).collate(recipe)
+    return BatchStream(rows, recipe.train.batch_size, recipe.train.seed, tokenizer.pad_token_id, shard, collate)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -44,7 +44,13 @@ class BatchStream:
     """
 
     def __init__(
-        self, dataset: Sequence[dict] | Any, batch_size: int, seed: int, pad_id: int, shard: tuple[int, int] = (0, 1)
+        self,
+        dataset: Sequence[dict] | Any,
+        batch_size: int,
+        seed: int,
+        pad_id: int,
+        shard: tuple[int, int] = (0, 1),
+        collate_fn: Callable[[list[dict], int], dict] = collate,
     ):
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
@@ -54,6 +60,7 @@ class BatchStream:
         self.batch_size = batch_size
         self.seed = seed
         self.pad_id = pad_id
+        self.collate_fn = collate_fn
         self.rank, self.world_size = shard
         self._perms: dict[int, list[int]] = {}
 
@@ -79,4 +86,4 @@ class BatchStream:
         return [self._perm(p // n)[p % n] for p in positions]
 
     def batch(self, index: int) -> dict[str, torch.Tensor]:
-        return collate([self.dataset[i] for i in self.indices(index)], self.pad_id)
+        return self.collate_fn([self.dataset[i] for i in self.indices(index)], self.pad_id)

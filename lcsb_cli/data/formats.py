@@ -5,13 +5,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from ..recipe import Recipe
+from .batching import collate
 from .lamp2 import lamp2_dataset
 from .lamp2_task import load_lamp2_task
 from .lm import load_lm_task
 from .personal import load_personal_task
+from .preference import collate_feedback, collate_pairs, load_preference_task
 from .task import TaskData
 
 
@@ -28,11 +31,17 @@ class Format:
     encoded: bool = False
     labelled: bool = False
     generative: bool = False
+    # (rows, pad id, max_length) -> a batch; preference rows hold a pair, feedback rows their KL partner
+    batch: Callable[..., dict] | None = None
 
     def rows(self, recipe: Recipe, tokenizer, items: list) -> list[dict]:
         if self.encoded:
             return items
         return lamp2_dataset(tokenizer, items, recipe.data.max_length, recipe.data.profile_k)
+
+    def collate(self, recipe: Recipe) -> Callable[[list[dict], int], dict]:
+        """Rows -> a padded batch, as BatchStream calls it."""
+        return partial(self.batch, max_length=recipe.data.max_length) if self.batch else collate
 
 
 FORMATS = {
@@ -43,6 +52,8 @@ FORMATS = {
         Format("text", "text", load_lm_task, encoded=True),
         Format("completion", "completion", load_lm_task, encoded=True, generative=True),
         Format("chat", "chat", load_lm_task, encoded=True, generative=True),
+        Format("preference", "preference", load_preference_task, encoded=True, batch=collate_pairs),
+        Format("feedback", "feedback", load_preference_task, encoded=True, batch=collate_feedback),
     )
 }
 

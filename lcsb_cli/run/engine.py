@@ -21,7 +21,9 @@ from ..model.load import load_model, lora_parameters
 from ..model.losses import causal_lm_loss
 from ..model.memory import breakdown, peak_rss_mb, rebased
 from ..model.precision import prepare_for_autocast
+from ..objectives import build_objective
 from ..recipe import Recipe
+from ..report import Phases
 from ..runtime import log_to
 from . import rundir, warm
 from .best import EARLY_STOPPING, BestWatch
@@ -86,6 +88,8 @@ def _train(request: RunRequest, reporter: Reporter, job: Job, world: World, owne
         # a resume takes the trained adapter from its checkpoint, never the starting one again
         if recipe.lora.init is not None and not request.resume:
             warm.start_from(recipe, loaded.model)
+        if trainer.objective is not None:
+            _prepare_reference(trainer, run_dir, recipe.lora.init is not None, reporter)
         first_step, wall_before, notes, best = resume_state(run_dir, trainer) if request.resume else (0, 0.0, [], None)
         run = Run(
             recipe,
@@ -126,6 +130,8 @@ def _run_claimed(run: Run) -> dict:
             "layers": len(run.loaded.layers),
         }
     )
+    if run.world.is_main and run.trainer.objective is not None:
+        run.trainer.objective.save(run.run_dir)
     if run.world.is_main and run.recipe.overnight.report and run.job.state["eval_before"] is None:
         run.job.state["eval_before"] = run.held_out_metrics()
     try:
@@ -174,6 +180,7 @@ def build_trainer(
         num_warmup_steps=recipe.train.warmup_steps,
         num_training_steps=recipe.train.max_steps,
     )
+    objective = build_objective(recipe)
     trainer = Trainer(
         loaded.model,
         params,
@@ -186,11 +193,26 @@ def build_trainer(
         recipe.train.max_grad_norm,
         autocast,
         recipe.divergence,
-        functools.partial(causal_lm_loss, probe=loaded.probe),
+        functools.partial(causal_lm_loss, probe=loaded.probe) if objective is None else objective.loss,
         world,
         snapshot_dir,
+        objective,
     )
     return trainer, loaded, task
+
+
+def _prepare_reference(trainer: Trainer, run_dir: Path, warm_start: bool, reporter: Reporter) -> None:
+    """The preference objective's reference log-probs, before step 1: read back from the run dir, or computed over
+    every training example in batches of train.batch_size (a progress bar), under the run's autocast."""
+    stream, backend = trainer.batches, trainer.backend
+    rows, size = stream.dataset, stream.batch_size
+    batches = (
+        {k: v.to(backend.device) for k, v in stream.collate_fn(rows[i : i + size], stream.pad_id).items()}
+        for i in range(0, len(rows), size)
+    )
+    phase = Phases(reporter.console) if hasattr(reporter, "console") else None
+    with backend.autocast(trainer.autocast):
+        trainer.objective.prepare(trainer.model, batches, len(rows), run_dir, warm_start, phase)
 
 
 def run_steps(run: Run, hooks: list[Hook]) -> None:

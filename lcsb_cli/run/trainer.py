@@ -15,6 +15,7 @@ from ..data.batching import BatchStream
 from ..errors import BadInput
 from ..methods import Method
 from ..model.losses import causal_lm_loss
+from ..objectives import PreferenceObjective
 from ..recipe_schema import DivergenceConfig
 from .distributed import SINGLE, World
 from .divergence import DivergenceGuard, GoodState, all_finite, make_snapshot, scale_lr
@@ -46,6 +47,9 @@ class Trainer:
     world: World = SINGLE
     # divergence.snapshot disk: where the rollback snapshot lives
     snapshot_dir: Path | None = None
+    # a preference objective (objectives/): the step's loss is its mean over examples, and its TRL-named metrics join
+    # the row; None: sft, the loss per target token
+    objective: PreferenceObjective | None = None
 
     def __post_init__(self):
         cfg = self.divergence
@@ -66,7 +70,8 @@ class Trainer:
         self.backend.begin_step(step)
         active = self.method.begin_step()
         micro = [self._to_device(self.batches.batch(step * self.grad_accum + i)) for i in range(self.grad_accum)]
-        n_targets = max(self.world.total(sum(target_tokens(b) for b in micro)), 1)
+        count = self.objective.count if self.objective is not None else target_tokens
+        n_targets = max(self.world.total(sum(count(b) for b in micro)), 1)
         # the schedule's rate: a group's own factor (lcsb.lr_scale) is not part of it
         lr = self.lr_scheduler.get_last_lr()[0] / self.optimizer.param_groups[0].get("lr_scale", 1.0)
         if self.method.zeroth_order:
@@ -96,6 +101,7 @@ class Trainer:
             **timing,
             **device_metrics,
             **outcome,
+            **(self.objective.step_metrics() if self.objective is not None else {}),
         }
 
     def _backprop_update(self, micro: list[dict], n_targets: int, active: int | None):
