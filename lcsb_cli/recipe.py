@@ -10,7 +10,7 @@ import yaml
 
 from .errors import BadInput
 from .host import choose_autocast, native_bf16_flag
-from .recipe_schema import ALL_LINEAR, COLUMN_ROLES, DataConfig, Recipe
+from .recipe_schema import ALL_LINEAR, COLUMN_ROLES, MOVED_KEYS, DataConfig, Recipe
 from .recipe_yaml import apply_override, build, choices_of, fields_of, resolve_paths
 from .window import parse_window
 
@@ -68,9 +68,21 @@ def load_recipe(path: str | Path, overrides: typing.Sequence[str] = ()) -> Recip
 
 
 def recipe_from_dict(raw: dict, source: str = "config.yaml") -> Recipe:
-    recipe = build(Recipe, raw, "", source=source)
+    recipe = build(Recipe, _with_moved_keys_in_place(raw), "", source=source)
     validate(recipe)
     return recipe
+
+
+def _with_moved_keys_in_place(raw: dict) -> dict:
+    """A run directory's config.yaml written before the experimental dials moved (MOVED_KEYS) reads as it did."""
+    lcsb = raw.get("lcsb")
+    if not isinstance(lcsb, dict):
+        return raw
+    moved = {name: lcsb[name] for name in lcsb if f"lcsb.{name}" in MOVED_KEYS}
+    if not moved:
+        return raw
+    kept = {name: value for name, value in lcsb.items() if name not in moved}
+    return {**raw, "lcsb": {**kept, "experimental": {**moved, **(lcsb.get("experimental") or {})}}}
 
 
 def with_overrides(recipe: Recipe, overrides: typing.Sequence[str], source: str) -> Recipe:

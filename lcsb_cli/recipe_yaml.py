@@ -14,6 +14,7 @@ from pathlib import Path
 import yaml
 
 from .errors import BadInput
+from .recipe_schema import MOVED_KEYS
 
 PATH_KEYS = ("data.train", "data.train_labels", "data.eval", "data.eval_labels", "lora.init")
 # a built-in name, or a path (a "/" in it, or a .gguf file)
@@ -86,6 +87,11 @@ def _check_key(cls, parts: list[str], source: str, prefix: str = "") -> None:
 
 
 def _unknown_key(names: list[str], key, prefix: str, source: str):
+    if f"{prefix}{key}" in MOVED_KEYS:
+        raise BadInput(
+            f"{source}: {prefix}{key} moved to {MOVED_KEYS[f'{prefix}{key}']} (a dial the study measured losing or "
+            "never measured, docs/RESULTS.md); set it there"
+        )
     close = difflib.get_close_matches(str(key), names, n=1)
     hint = f"; did you mean {prefix}{close[0]}?" if close else f"; known keys: {', '.join(names)}"
     raise BadInput(f"{source}: unknown key {prefix}{key}{hint}")

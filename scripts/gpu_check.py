@@ -10,8 +10,8 @@ Steps (each one record in the report: ok true or false, or skipped with the reas
   gguf_packed   a Q8_0 GGUF written here (gguf_out.write_gguf) trains packed on the device, its blocks on the device
                 (the torch dequantizer runs there); first steps within tolerance of the CPU's
   nf4           quantization: nf4 (bitsandbytes) on the device against the CPU
-  bench         `lcsb bench --compare full-backprop --compare lcsb:4 --compare lcsb:4:suffix` on the qwen2.5-0.5b
-                shape: step times, speedups, peak memory
+  bench         `lcsb bench --compare full-backprop --compare lcsb:4:identity --compare lcsb:4:suffix` on the
+                qwen2.5-0.5b shape: step times, speedups, peak memory
   cuda_test     the suite's cuda test (tests/test_engine.py -k cuda)
 --dry-run: the same steps on the cpu backend, on the tiny random-init preset with fewer steps (tests/test_gpu_check.py).
 --prepare DIR (here, with the package index): the wheels the GPU machine lacks, as pinned in constraints.txt.
@@ -57,7 +57,7 @@ PRECISIONS = {"bf16": "train.autocast=bf16", "fp32": "train.autocast=none"}
 # products round to 8 bits of mantissa on both, in different orders
 TOLERANCE = {"bf16": 3e-2, "fp32": 1e-3}
 COMPARED_STEPS = 3
-BENCH = ("--compare", "full-backprop", "--compare", "lcsb:4", "--compare", "lcsb:4:suffix")
+BENCH = ("--compare", "full-backprop", "--compare", "lcsb:4:identity", "--compare", "lcsb:4:suffix")
 DETERMINISTIC_MAIN = (
     "import torch; torch.use_deterministic_algorithms(True); from lcsb_cli.cli import app; app(prog_name='lcsb')"
 )

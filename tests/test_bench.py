@@ -43,25 +43,31 @@ def test_bench_runs_methods_interleaved_and_writes_its_reports(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     result = json.loads((out / "bench.json").read_text())
     assert result["baseline"] == "full-backprop"
-    assert [m["name"] for m in result["methods"]] == ["lcsb:4", "full-backprop", "mezo", "hf-trainer", "lcsb:2"]
+    assert [m["name"] for m in result["methods"]] == [
+        "lcsb:4:identity",
+        "full-backprop",
+        "mezo",
+        "hf-trainer",
+        "lcsb:2",
+    ]
     for method in result["methods"]:
         assert set(method) >= FIELDS
         assert method["eval"]["n"] == 90 and 0 <= method["eval"]["accuracy"] <= 1
     base = next(m for m in result["methods"] if m["name"] == "full-backprop")
     assert base["speedup"] == 1.0
     estimated = {m["name"] for m in result["methods"] if "ideal_speedup" in m}
-    assert estimated == {"lcsb:4", "lcsb:2"}
+    assert estimated == {"lcsb:4:identity", "lcsb:2"}
     assert all(
         m["median_forward_s"] > 0 and m["median_backward_s"] > 0
         for m in result["methods"]
-        if m["name"] in ("lcsb:4", "lcsb:2", "full-backprop")
+        if m["name"] in ("lcsb:4:identity", "lcsb:2", "full-backprop")
     )
     assert (out / "loss_curves.png").stat().st_size > 10_000
-    assert "| lcsb:4 |" in (out / "bench.md").read_text() and "ideal speedup" in (out / "bench.md").read_text()
+    assert "| lcsb:4:identity |" in (out / "bench.md").read_text() and "ideal speedup" in (out / "bench.md").read_text()
     memory = {m["name"]: m["memory"] for m in result["methods"]}
     # HF's own loop: the engine's probes see none of it
     assert memory["hf-trainer"] is None
-    assert 0 < memory["lcsb:4"]["activations_mb"] < memory["full-backprop"]["activations_mb"] / 2
+    assert 0 < memory["lcsb:4:identity"]["activations_mb"] < memory["full-backprop"]["activations_mb"] / 2
     assert "Peak RSS breakdown" in (out / "bench.md").read_text()
     assert set(result["matmul_limit_gflops"]) == {"float32", "bfloat16"} and result["matmul_probe"]["threads"] >= 1
     assert all(
@@ -71,7 +77,7 @@ def test_bench_runs_methods_interleaved_and_writes_its_reports(tmp_path):
     # the same batches for every method
     gflop = {m["name"]: m["model_gflop_per_step"] for m in result["methods"]}
     # HF: logits everywhere
-    assert gflop["lcsb:4"] < gflop["lcsb:2"] < gflop["full-backprop"] < gflop["hf-trainer"]
+    assert gflop["lcsb:4:identity"] < gflop["lcsb:2"] < gflop["full-backprop"] < gflop["hf-trainer"]
     assert "GFLOP/s (of limit)" in (out / "bench.md").read_text()
 
 
@@ -358,7 +364,7 @@ def test_bench_over_seeds_at_equal_time_and_its_eval_matches_lcsb_eval(tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
     result = json.loads((out / "bench.json").read_text())
     assert result["budget"] == "equal-time" and result["seeds"] == [0, 1]
-    assert [m["name"] for m in result["methods"]] == ["lcsb:4", "full-backprop"]
+    assert [m["name"] for m in result["methods"]] == ["lcsb:4:identity", "full-backprop"]
     # no TTY: plain lines, every step of every method and seed, then its eval
     progress = proc.stderr.splitlines()
     assert "seed 1 full-backprop step 3: loss " in proc.stderr and "seed 0 lcsb:4: evaluating" in progress
@@ -388,17 +394,21 @@ def test_lcsb_variants_name_their_upper_path_and_refuse_bad_names():
     from lcsb_cli.recipe import load_recipe
 
     recipe = load_recipe(LAMP2)
-    names = method_names(recipe, ["lcsb:2", "lcsb:4:exact8", "lcsb:4:exact"])
+    names = method_names(recipe, ["lcsb:2", "lcsb:4:suffix", "lcsb:4:exact"])
     # the budget's
-    assert method_names(recipe, ["lcsb:2"], "equal-time") == ["lcsb:4", "lcsb:2", "full-backprop"]
-    assert names == ["lcsb:4", "lcsb:2", "lcsb:4:exact8", "lcsb:4:exact"]
+    assert method_names(recipe, ["lcsb:2"], "equal-time") == ["lcsb:4:identity", "lcsb:2", "full-backprop"]
+    assert names == ["lcsb:4:identity", "lcsb:2", "lcsb:4:suffix", "lcsb:4:exact"]
     paths = [
-        (r.lcsb.blocks, r.lcsb.upper_path, r.lcsb.exact_above, r.train.max_steps)
-        for r in (method_recipe(recipe, name, 7) for name in names)
+        (r.lcsb.blocks, r.lcsb.upper_path, r.train.max_steps) for r in (method_recipe(recipe, n, 7) for n in names)
     ]
-    assert paths == [(4, "identity", 0, 7), (2, "identity", 0, 7), (4, "identity", 8, 7), (4, "exact", 0, 7)]
-    assert method_names(load_recipe(LAMP2, ["lcsb.exact_above=3"]), [])[0] == "lcsb:4:exact3"
-    for bad in ("lcsb:4:exactly", "lcsb:0", "lcsb:4:exact-1"):
+    assert paths == [(4, "identity", 7), (2, "identity", 7), (4, "suffix", 7), (4, "exact", 7)]
+    # an experimental dial off its default names itself in the recipe's own label, which runs it again
+    dialled = load_recipe(LAMP2, ["lcsb.experimental.exact_above=3"])
+    [own] = method_names(dialled, [])
+    assert own == "lcsb:4:identity@lcsb.experimental.exact_above=3"
+    assert method_recipe(dialled, own, 7).lcsb.experimental.exact_above == 3
+    # lcsb:K:exactW left the grammar with lcsb.exact_above
+    for bad in ("lcsb:4:exactly", "lcsb:0", "lcsb:4:exact-1", "lcsb:4:exact8"):
         with pytest.raises(BadInput, match="unknown method"):
             method_names(recipe, [bad])
     with pytest.raises(BadInput, match="--budget"):
@@ -430,7 +440,7 @@ def test_a_compared_method_can_carry_recipe_overrides():
 
     recipe = load_recipe(LAMP2)
     name = "lcsb:2@lora.rank=64,lora.backward=mesp"
-    assert method_names(recipe, [name]) == ["lcsb:4", name]
+    assert method_names(recipe, [name]) == ["lcsb:4:identity", name]
     variant = method_recipe(recipe, name, 7)
     assert (variant.lcsb.blocks, variant.lora.rank, variant.lora.backward, variant.train.max_steps) == (
         2,

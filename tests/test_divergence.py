@@ -122,7 +122,9 @@ def test_rollback_from_the_disk_snapshot_is_bit_identical_to_memory(tmp_path, mo
 
 def test_the_disk_snapshot_rewrites_only_the_parameters_that_moved():
     """K=2 without idle updates: a step moves one block, so the next snapshot rewrites about half of the state."""
-    trainer = trainer_for("method=lcsb", "lcsb.blocks=2", "lcsb.idle_update=none", "divergence.snapshot=disk")
+    trainer = trainer_for(
+        "method=lcsb", "lcsb.blocks=2", "lcsb.experimental.idle_update=none", "divergence.snapshot=disk"
+    )
     written = [trainer.step(index)["snapshot_write_mb"] for index in range(4)]
     whole = sum(t.nbytes for group in trainer.good.groups for t in group.values()) / 2**20
     assert 0.3 * whole < written[3] < 0.7 * whole

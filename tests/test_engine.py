@@ -117,7 +117,11 @@ def test_activation_checkpointing_changes_no_number(tmp_path, method, autocast):
 def test_idle_update_none_leaves_idle_blocks_alone_and_momentum_moves_them(tmp_path):
     for idle in ("none", "momentum"):
         run_train(
-            tmp_path / idle, f"lcsb.idle_update={idle}", "train.max_steps=2", "lcsb.blocks=2", "train.warmup_steps=0"
+            tmp_path / idle,
+            f"lcsb.experimental.idle_update={idle}",
+            "train.max_steps=2",
+            "lcsb.blocks=2",
+            "train.warmup_steps=0",
         )
     # Step 1 trains block 0 (layers 0-1), step 2 block 1 (layers 2-3): block 0 is idle, with moments, on step 2.
     none, momentum = adapter_tensors(tmp_path / "none"), adapter_tensors(tmp_path / "momentum")

@@ -38,7 +38,10 @@ def test_the_dry_run_runs_every_step_on_the_cpu_and_writes_one_report(tmp_path):
     assert steps["gguf_packed"]["packed_layers"] == 28 and steps["gguf_packed"]["blocks_on"] == ["cpu"]
     assert "skipped" not in steps["nf4"]
     bench = steps["bench"]["methods"]
-    assert sorted(bench) == ["full-backprop", "lcsb:4", "lcsb:4:suffix"] and bench["full-backprop"]["speedup"] == 1
+    assert (
+        sorted(bench) == ["full-backprop", "lcsb:4:identity", "lcsb:4:suffix"]
+        and bench["full-backprop"]["speedup"] == 1
+    )
     assert all(m["median_step_time_s"] > 0 and m["peak_mem_mb"] > 0 for m in bench.values())
     # the suite's cuda test skips itself on a CPU
     assert "1 skipped" in steps["cuda_test"]["pytest"]

@@ -33,9 +33,9 @@ def test_lr_scale_multiplies_the_active_blocks_step_and_logs_the_schedules_rate(
     """K=2, idle_update none, one step: block 0 (layers 0-1 of 4) moves sqrt(2) as far with sqrt_k, block 1 not at
     all, and both runs log the recipe's rate."""
     start = initial_adapter(tmp_path)
-    common = ("lcsb.blocks=2", "lcsb.idle_update=none", "train.max_steps=1", "train.warmup_steps=0")
+    common = ("lcsb.blocks=2", "lcsb.experimental.idle_update=none", "train.max_steps=1", "train.warmup_steps=0")
     run_train(tmp_path / "plain", *common)
-    run_train(tmp_path / "scaled", *common, "lcsb.lr_scale=sqrt_k")
+    run_train(tmp_path / "scaled", *common, "lcsb.experimental.lr_scale=sqrt_k")
     a, b = adapter_tensors(tmp_path / "plain"), adapter_tensors(tmp_path / "scaled")
     assert moved_layers(start, b) == {0, 1}
     for key in moved_layers_keys(start, a):
@@ -47,10 +47,10 @@ def test_lr_scale_multiplies_the_active_blocks_step_and_logs_the_schedules_rate(
 def test_a_block_that_comes_back_restarts_adamw_with_on_return_reset(tmp_path):
     """Blocks 0, 1, 0 with K=2 and no idle steps: after step 3 block 0's AdamW has counted 2 steps when its moments
     are kept, and 1 when they were reset on its return (block 1: 1 either way)."""
-    common = ("lcsb.blocks=2", "lcsb.idle_update=none", "train.max_steps=3", "train.save_every=3")
+    common = ("lcsb.blocks=2", "lcsb.experimental.idle_update=none", "train.max_steps=3", "train.save_every=3")
     counts = {}
     for mode in ("keep", "reset"):
-        run_train(tmp_path / mode, *common, f"lcsb.on_return={mode}")
+        run_train(tmp_path / mode, *common, f"lcsb.experimental.on_return={mode}")
         _, state = load_checkpoint(tmp_path / mode / "checkpoints" / "step-3")
         counts[mode] = sorted({int(entry["step"]) for entry in state["optimizer"]["state"].values()})
     assert counts == {"keep": [1, 2], "reset": [1]}
@@ -111,10 +111,15 @@ def test_mezo_update_is_the_spsa_formula():
     "variant",
     [
         ("method=lisa", "lisa.layers=2", "lisa.interval=2"),
-        ("lcsb.schedule=adaptive",),
+        ("lcsb.experimental.schedule=adaptive",),
         # a resume in the middle of a block's turn, a block that came back with fresh moments, scaled rates
-        ("lcsb.schedule=random", "lcsb.switch_every=2", "lcsb.on_return=reset", "lcsb.lr_scale=sqrt_k"),
-        ("lcsb.upper_path=suffix", "lcsb.lr_scale=k", "lcsb.idle_update=none"),
+        (
+            "lcsb.experimental.schedule=random",
+            "lcsb.experimental.switch_every=2",
+            "lcsb.experimental.on_return=reset",
+            "lcsb.experimental.lr_scale=sqrt_k",
+        ),
+        ("lcsb.upper_path=suffix", "lcsb.experimental.lr_scale=k", "lcsb.experimental.idle_update=none"),
         ("method=mezo", "mezo.lr=1e-3"),
         # rank 64: tensors of 4096 values get 8-bit moments
         ("train.optimizer=adamw8bit", "lora.rank=64"),

@@ -49,8 +49,8 @@ def test_a_shipped_recipe_that_lists_a_keys_values_lists_them_all(path):
 
 def test_the_comment_check_sees_a_stale_list(tmp_path):
     stale = tmp_path / "stale.yaml"
-    stale.write_text("backend: cpu                # cpu | cuda\nlcsb:\n  schedule: cyclic  # cyclic | reverse\n")
-    assert [key for key, _ in enumerated_comments(stale)] == ["backend", "lcsb.schedule"]
+    stale.write_text("backend: cpu                # cpu | cuda\nlcsb:\n  upper_path: suffix  # suffix | exact\n")
+    assert [key for key, _ in enumerated_comments(stale)] == ["backend", "lcsb.upper_path"]
 
 
 @pytest.mark.parametrize(

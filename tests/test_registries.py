@@ -49,7 +49,16 @@ def test_the_recipe_accepts_exactly_the_registered_methods():
 
 
 # one label per form (tests/tiny.yaml runs lcsb:4 on the identity path)
-LABELS = ("lcsb:2", "lcsb:3:exact", "lcsb:4:exact2", "full-backprop", "full-backprop+ckpt", "freeze", "lisa", "mezo")
+LABELS = (
+    "lcsb:2:identity",
+    "lcsb:3:exact",
+    "lcsb:4:suffix",
+    "full-backprop",
+    "full-backprop+ckpt",
+    "freeze",
+    "lisa",
+    "mezo",
+)
 
 
 @pytest.mark.parametrize("label", LABELS)
@@ -64,9 +73,9 @@ def test_a_label_sets_the_keys_its_variant_names():
 
     recipe = load_recipe(LAMP2, ["activation_checkpointing=true"])
     exact = recipe_for_label("lcsb:3:exact", recipe)
-    window = recipe_for_label("lcsb:4:exact2", recipe)
+    own = recipe_for_label("lcsb:2", load_recipe(LAMP2, ["lcsb.upper_path=exact"]))
     assert (exact.lcsb.blocks, exact.lcsb.upper_path) == (3, "exact")
-    assert (window.lcsb.blocks, window.lcsb.upper_path, window.lcsb.exact_above) == (4, "identity", 2)
+    assert (own.lcsb.blocks, own.lcsb.upper_path, label_of(own)) == (2, "exact", "lcsb:2:exact")
     suffix = recipe_for_label("lcsb:2:suffix", recipe)
     assert (suffix.lcsb.blocks, suffix.lcsb.upper_path, label_of(suffix)) == (2, "suffix", "lcsb:2:suffix")
     assert not recipe_for_label("full-backprop", recipe).activation_checkpointing
@@ -90,7 +99,7 @@ def test_an_unknown_compare_label_lists_every_form():
     with pytest.raises(BadInput) as refused:
         method_names(load_recipe(LAMP2), ["lcsb:4:exactly"])
     assert str(refused.value) == (
-        "--compare: unknown method 'lcsb:4:exactly'; choose from lcsb:K, lcsb:K:exact, lcsb:K:exactW, "
-        "lcsb:K:suffix, full-backprop, full-backprop+ckpt, freeze, lisa, mezo, hf-trainer, hf-trainer:bf16, "
+        "--compare: unknown method 'lcsb:4:exactly'; choose from lcsb:K, lcsb:K:suffix, lcsb:K:exact, "
+        "lcsb:K:identity, full-backprop, full-backprop+ckpt, freeze, lisa, mezo, hf-trainer, hf-trainer:bf16, "
         "each optionally with @KEY=VALUE[,KEY=VALUE]"
     )

@@ -128,9 +128,9 @@ def test_summary_and_per_user_totals_from_hand_made_rows():
     "path",
     [
         ("lcsb.upper_path=identity",),
-        ("lcsb.exact_above=2",),
+        ("lcsb.experimental.exact_above=2",),
         ("lcsb.upper_path=suffix",),
-        ("lcsb.lr_scale=sqrt_k", "lcsb.switch_every=3", "lcsb.on_return=reset"),
+        ("lcsb.experimental.lr_scale=sqrt_k", "lcsb.experimental.switch_every=3", "lcsb.experimental.on_return=reset"),
     ],
 )
 def test_k1_reproduces_full_backprop_bit_for_bit(tmp_path, path):
@@ -181,7 +181,12 @@ FORMATS = {
     [("cyclic", "lamp2", 0), ("random", "lamp2", 2), ("cyclic", "text", 0), ("cyclic", "chat", 0)],
 )
 def test_sigkill_then_resume_is_bit_identical(tmp_path, schedule, data, window):
-    overrides = (f"lcsb.schedule={schedule}", f"lcsb.exact_above={window}", "lora.dropout=0.1", *FORMATS[data])
+    overrides = (
+        f"lcsb.experimental.schedule={schedule}",
+        f"lcsb.experimental.exact_above={window}",
+        "lora.dropout=0.1",
+        *FORMATS[data],
+    )
     reference = tmp_path / "reference"
     run_train(reference, "train.max_steps=20", "train.save_every=3", *overrides)
 

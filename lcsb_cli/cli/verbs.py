@@ -259,8 +259,8 @@ def bench(
         typer.Option(
             "--compare",
             help="A method to set against the recipe's: full-backprop, full-backprop+ckpt, freeze, lisa, mezo, "
-            "hf-trainer, hf-trainer:bf16, lcsb:K, lcsb:K:exact (upper_path exact), "
-            "lcsb:K:exactW (lcsb.exact_above W), lcsb:K:suffix. Repeatable.",
+            "hf-trainer, hf-trainer:bf16, lcsb:K (the recipe's upper path), lcsb:K:suffix, lcsb:K:exact, "
+            "lcsb:K:identity; METHOD@KEY=VALUE[,KEY=VALUE] runs it with recipe overrides. Repeatable.",
         ),
     ] = [],  # noqa: B006
     steps: Annotated[int, typer.Option("--steps", min=1, help="Timed steps per method.")] = 8,

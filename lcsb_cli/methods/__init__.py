@@ -44,7 +44,7 @@ def recipe_for_label(label: str, recipe: Recipe) -> Recipe | None:
 
 
 def blocks_of(label: str) -> int | None:
-    """K of an lcsb label (`lcsb:K`, `lcsb:K:exact[W]`), or None for any other label."""
+    """K of an lcsb label (`lcsb:K`, `lcsb:K:PATH`), or None for any other label (a variant with @KEY=VALUE too)."""
     keys = Lcsb.label_keys(label)
     return None if keys is None else keys["lcsb.blocks"]
 

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import statistics
 
 import torch
 from torch import nn
 
-from ..recipe_schema import LcsbConfig
+from ..recipe_schema import LcsbConfig, LcsbExperimental
 from ..selective import (
+    UPPER_PATHS,
     BlockSchedule,
     IdleMomentum,
     SelectiveLayers,
@@ -32,13 +34,13 @@ class Lcsb(Method):
 
     @classmethod
     def param_groups(cls, recipe, layers, params):
-        """One group per block at its `lcsb.lr_scale` factor (one group when there is no scaling)."""
+        """One group per block at its `lcsb.experimental.lr_scale` factor (one group when there is no scaling)."""
         cfg = recipe.lcsb
-        if cfg.lr_scale == "none":
+        if cfg.experimental.lr_scale == "none":
             return super().param_groups(recipe, layers, params)
         blocks = partition(len(layers), cfg.blocks)
         per_layer = layer_params(layers)
-        scales = rate_scales(gradient_shares(cfg.blocks, cfg.upper_path), cfg.lr_scale)
+        scales = rate_scales(gradient_shares(cfg.blocks, cfg.upper_path), cfg.experimental.lr_scale)
         groups = [([p for i in block for p in per_layer[i]], scale) for block, scale in zip(blocks, scales)]
         in_layers = {p for group, _ in groups for p in group}
         rest = [p for p in params if p not in in_layers]
@@ -49,7 +51,7 @@ class Lcsb(Method):
         """Averaged over the K blocks (identity: the active block only; exact / exactW: the block and the layers
         above it that backprop exactly; suffix: those layers all train)."""
         cfg = recipe.lcsb
-        window = cfg.exact_above if cfg.upper_path == "identity" else layers
+        window = cfg.experimental.exact_above if cfg.upper_path == "identity" else layers
         trained_to = (lambda block: layers) if cfg.upper_path == "suffix" else (lambda block: block.stop)
         spans = [
             span(layers, block.start, block.stop + window, range(block.start, trained_to(block)))
@@ -59,42 +61,39 @@ class Lcsb(Method):
 
     @classmethod
     def label(cls, recipe):
+        """`lcsb:K:PATH`, then `@lcsb.experimental.KEY=VALUE` for each experimental dial set off its default."""
         cfg = recipe.lcsb
-        if cfg.upper_path == "identity":
-            window = f":exact{cfg.exact_above}" if cfg.exact_above else ""
-        else:
-            window = f":{cfg.upper_path}"
-        return f"{cls.name}:{cfg.blocks}{window}"
+        dials = [
+            f"lcsb.experimental.{f.name}={getattr(cfg.experimental, f.name)}"
+            for f in dataclasses.fields(LcsbExperimental)
+            if getattr(cfg.experimental, f.name) != f.default
+        ]
+        return f"{cls.name}:{cfg.blocks}:{cfg.upper_path}" + (f"@{','.join(dials)}" if dials else "")
 
     @classmethod
     def label_forms(cls):
-        return tuple(f"{cls.name}:K{window}" for window in ("", ":exact", ":exactW", ":suffix"))
+        return tuple(f"{cls.name}:K{path}" for path in ("", ":suffix", ":exact", ":identity"))
 
     @classmethod
     def label_keys(cls, label):
-        """`lcsb:K` (the recipe's own upper path), `lcsb:K:exact` (upper_path exact), `lcsb:K:exactW` (the
-        identity path with lcsb.exact_above W) or `lcsb:K:suffix`; K >= 1."""
-        match = re.fullmatch(rf"{cls.name}:(\d+)(?::(suffix|exact)(\d*))?", label)
-        if match is None or int(match[1]) < 1 or (match[2] == "suffix" and match[3]):
+        """`lcsb:K` (the recipe's own upper path) or `lcsb:K:PATH` (suffix, exact or identity); K >= 1."""
+        match = re.fullmatch(rf"{cls.name}:(\d+)(?::({'|'.join(UPPER_PATHS)}))?", label)
+        if match is None or int(match[1]) < 1:
             return None
         keys = {"method": cls.name, "lcsb.blocks": int(match[1])}
-        if match[2] is None:
-            return keys
-        if not match[3]:
-            return {**keys, "lcsb.upper_path": match[2]}
-        return {**keys, "lcsb.upper_path": "identity", "lcsb.exact_above": int(match[3])}
+        return keys if match[2] is None else {**keys, "lcsb.upper_path": match[2]}
 
     def __init__(
         self, layers: nn.ModuleList, optimizer: torch.optim.Optimizer, cfg: LcsbConfig, checkpointing: bool, seed: int
     ):
-        self.blocks, self.optimizer = cfg.blocks, optimizer
+        self.blocks, self.optimizer, dials = cfg.blocks, optimizer, cfg.experimental
         self.selective = SelectiveLayers(
-            layers, partition(len(layers), cfg.blocks), cfg.upper_path, checkpointing, cfg.exact_above
+            layers, partition(len(layers), cfg.blocks), cfg.upper_path, checkpointing, dials.exact_above
         )
-        self.schedule = BlockSchedule(cfg.blocks, cfg.schedule, seed=seed, switch_every=cfg.switch_every)
-        self.resets_on_return = cfg.on_return == "reset"
+        self.schedule = BlockSchedule(cfg.blocks, dials.schedule, seed=seed, switch_every=dials.switch_every)
+        self.resets_on_return = dials.on_return == "reset"
         block_params = [self.selective.block_parameters(b) for b in range(cfg.blocks)]
-        self.idle = IdleMomentum(optimizer, block_params) if cfg.idle_update == "momentum" else None
+        self.idle = IdleMomentum(optimizer, block_params) if dials.idle_update == "momentum" else None
 
     def begin_step(self) -> int:
         previous = self.schedule.current
