@@ -58,7 +58,7 @@ def gradient_shares(num_blocks: int, upper_path: str) -> list[float]:
 
 
 def rate_scales(shares: Sequence[float], lr_scale: str) -> list[float]:
-    """Per-block learning-rate factors for `lcsb.lr_scale`.
+    """Per-block learning-rate factors for `lcsb.experimental.lr_scale`.
 
     For a steady gradient g that arrives on a share f of the steps, AdamW's moments average m ~ f g and
     v ~ f g^2, so with idle momentum the parameter moves about sqrt(f) as far per step as under full backprop
@@ -72,7 +72,7 @@ def rate_scales(shares: Sequence[float], lr_scale: str) -> list[float]:
 
 
 def forget_moments(optimizer: torch.optim.Optimizer, params: Sequence[nn.Parameter]) -> None:
-    """`lcsb.on_return: reset`: a block that comes back starts AdamW afresh (BAdam's choice), its moments and
-    step count gone, so its first step is bias-corrected from zero."""
+    """`lcsb.experimental.on_return: reset`: a block that comes back starts AdamW afresh (BAdam's choice), its moments
+    and step count gone, so its first step is bias-corrected from zero."""
     for p in params:
         optimizer.state.pop(p, None)
