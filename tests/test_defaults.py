@@ -3,7 +3,7 @@ were never measured live in lcsb.experimental; a recipe that sets one at its old
 
 import pytest
 import yaml
-from helpers import LAMP2, cli
+from helpers import LAMP2, REPO, cli
 
 from lcsb_cli.errors import BadInput
 from lcsb_cli.recipe import dump, load_recipe, recipe_from_dict
@@ -46,3 +46,13 @@ def test_a_run_directorys_config_from_before_the_move_reads_as_it_did():
     old = {**raw, "lcsb": {"blocks": 4, "upper_path": "identity", **raw["lcsb"]["experimental"]}}
     assert "schedule" in old["lcsb"]
     assert recipe_from_dict(old) == recipe_from_dict(raw)
+
+
+@pytest.mark.parametrize("path", sorted((REPO / "recipes").glob("*.yaml")), ids=lambda p: p.name)
+def test_each_shipped_lcsb_recipe_says_why_its_upper_path(path):
+    """The path is the one measured best on the recipe's task, with its reason beside it or on the line above."""
+    if load_recipe(path).method != "lcsb":
+        return
+    lines = path.read_text().splitlines()
+    [at] = [i for i, line in enumerate(lines) if "upper_path:" in line]
+    assert "#" in lines[at] or lines[at - 1].lstrip().startswith("#"), f"{path.name}: no reason beside upper_path"
