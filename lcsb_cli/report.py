@@ -234,6 +234,9 @@ def _flat(data: dict, prefix: str = ""):
 
 EVAL_COLUMNS = {
     "accuracy": "accuracy",
+    "margin": "mean margin",
+    "base_accuracy": "base accuracy",
+    "likelihood_accuracy": "likelihood accuracy",
     "macro_f1": "macro-F1",
     "majority_accuracy": "majority accuracy",
     "out_of_label": "out of label",

@@ -11,6 +11,7 @@ from ..run.rundir import RunDir
 from ..runtime import logging_into
 from .items import evaluate_items, predictions_file, silent, summary_row
 from .labels import lamp2_metrics, majority_accuracy
+from .preference import preference_metrics
 
 
 def write_results(output: Path, result: dict, predictions: dict | None) -> None:
@@ -44,7 +45,10 @@ def run_eval(
     else:
         task = load_task(recipe, loaded.tokenizer)
         items = task.need_held_out()
-        preds, metrics = evaluate_items(loaded.model, loaded.tokenizer, items, recipe, task.labels, phase)
+        if recipe.objective != "sft":
+            preds, metrics = None, preference_metrics(loaded.model, items, loaded.tokenizer.pad_token_id, recipe, phase)
+        else:
+            preds, metrics = evaluate_items(loaded.model, loaded.tokenizer, items, recipe, task.labels, phase)
         if task.labels is not None:
             metrics["majority_accuracy"] = majority_accuracy([q.output for q in task.train], [q.output for q in items])
     result = {
