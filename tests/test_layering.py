@@ -16,6 +16,7 @@ LAYERS = [
     {"recipe", "recipe_schema", "recipe_yaml"},
     {
         "methods",
+        "objectives",
         "model",
         "data",
         "backends",
