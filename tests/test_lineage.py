@@ -27,12 +27,14 @@ def ran(proc):
 
 
 def same_lineage(a, b):
-    """lineage.json (but for training's wall time), every night's adapter and the served one."""
+    """lineage.json (but for training's wall time and the job's history of it), every night's adapter and the served
+    one."""
 
     def state(root):
         data = json.loads((root / "lineage.json").read_text())
         for record in data["nights"]:
             record.pop("train_time_s")
+            record.pop("job")
         return data
 
     assert state(a) == state(b)
@@ -139,3 +141,65 @@ def _night_args(root, data):
     from lcsb_cli.run.hooks import SilentReporter
 
     return load_recipe(recipe_file("overnight"), [f"data.train={data}", *ARGS]), root, SilentReporter()
+
+
+def test_items_after_the_watermark_are_new_and_an_unseen_older_line_is_late(days):
+    """New by timestamp: newer than the newest item learned; an unseen line at or before it (backfilled) is late."""
+    from dataclasses import replace
+
+    root, _, second = days
+    state = lineage.read_state(root / "after2")
+    examples = lineage.load_personal(second).examples
+    assert state["watermark"] == max(e.timestamp for e in examples)
+    backfilled = replace(examples[5], id="backfilled", timestamp=examples[5].timestamp + 1)
+    later = [replace(examples[0], id=f"later-{i}", timestamp=state["watermark"] + 60 * i) for i in range(1, 4)]
+    recipe, _, _ = _night_args(root, second)
+    plan = lineage._plan(recipe, state, [*examples, backfilled, *later])
+    assert plan["new"] == [lineage.item_hash(e) for e in (backfilled, *later)] and plan["late"] == 1
+    assert plan["newest"] == later[-1].timestamp
+
+
+def two_users(tmp_path, user="sam"):
+    """The sample's first 40 items, every other one the second user's."""
+    rows = [json.loads(line) for line in SAMPLE.read_text().splitlines()[:40]]
+    for row in rows[1::2]:
+        row["user"] = user
+    path = tmp_path / "users.jsonl"
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return path
+
+
+def test_data_user_all_gives_each_user_a_lineage(tmp_path):
+    data = two_users(tmp_path)
+    proc = night(tmp_path / "lineages", data, "data.user=all", "train.max_steps=2")
+    ran(proc)
+    lines = proc.stdout.strip().splitlines()
+    assert [line.split(":")[0] for line in lines] == ["alex", "sam"] and all(": night 1: 20 new" in x for x in lines)
+    examples = lineage.load_personal(data).examples
+    for user in ("alex", "sam"):
+        state = lineage.read_state(tmp_path / "lineages" / "users" / user)
+        assert set(state["seen"]) == {lineage.item_hash(e) for e in examples if e.user == user}
+        assert state["current"] == "nights/001/run/adapter"
+
+
+def test_data_user_all_refuses_a_user_id_that_is_a_path(tmp_path):
+    data = two_users(tmp_path, user="../sam")
+    proc = night(tmp_path / "lineages", data, "data.user=all")
+    assert proc.returncode == 2 and "user id '../sam' cannot name a lineage dir" in proc.stderr
+    assert not (tmp_path / "lineages" / "users").exists()
+
+
+def test_a_night_runs_on_npu_sim(days, tmp_path):
+    """The overnight recipe as shipped (backend npu-sim), one short night."""
+    _, first, _ = days
+    proc = cli("night", "overnight", f"data.train={first}", "train.max_steps=2", "--output", str(tmp_path / "npu"))
+    assert ran(proc).startswith("night 1: 40 new items")
+    run = tmp_path / "npu" / "nights" / "001" / "run"
+    assert "backend: npu-sim" in (run / "config.yaml").read_text()
+    assert "sim_step_time_s" in json.loads((run / "metrics.jsonl").read_text().splitlines()[-1])
+    assert lineage.read_state(tmp_path / "npu")["nights"][0]["job"] == {
+        "throttled_s": 0.0,
+        "waited_s": 0.0,
+        "interruptions": 0,
+        "resumes": 0,
+    }

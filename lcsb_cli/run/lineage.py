@@ -1,10 +1,11 @@
 """A nightly lineage (`lcsb night`): one directory per user, the same command every night, each night a single run
 warm-started (`lora.init`) from the promoted adapter.
 
-A night: the items not seen before (by content hash, so a backfilled or relabelled item counts too; ordered by
-timestamp) are new; the newest `data.eval_fraction` of them are held out, the rest (with the previous night's held-out
-items) are trained on together with a seeded replay sample of earlier items (`lineage.replay`); the promoted adapter
-and the night's are scored on the held-out items and on a fixed probe of the earliest items learned (forgetting).
+A night: the items newer than the lineage's watermark (the newest timestamp it has learned) are new, and so are
+older ones whose content hash it has not seen (a backfilled or relabelled line: `late`). Ordered by timestamp, the
+newest `data.eval_fraction` of them are held out, the rest (with the previous night's held-out items) are trained on
+together with a seeded replay sample of earlier items (`lineage.replay`); the promoted adapter and the night's are
+scored on the held-out items and on a fixed probe of the earliest items learned (forgetting).
 The night's adapter is promoted unless it lost more than `lineage.tolerance` accuracy on either.
 
 The lineage dir: lineage.json (the nights, the items seen, the promoted adapter: replaced in one os.replace, the
@@ -33,7 +34,7 @@ from .engine import train
 from .rundir import RunDir
 
 FILES = ("train.jsonl", "held_out.jsonl")
-EMPTY = {"nights": [], "seen": [], "carried": [], "learned": [], "probe": [], "current": None}
+EMPTY = {"nights": [], "seen": [], "carried": [], "learned": [], "probe": [], "current": None, "watermark": None}
 
 
 def night(recipe: Recipe, root: Path, reporter) -> dict:
@@ -60,10 +61,27 @@ def night(recipe: Recipe, root: Path, reporter) -> dict:
         return {"night": plan["night"], "stopped": summary["stopped"]}
     after = _scores(night_recipe, root, night_dir, "after", night_dir / "run" / "adapter")
     record = _record(recipe, plan, state, before, after, summary, night_dir.relative_to(root))
+    record["job"] = _job_figures(RunDir(night_dir / "run"))
     state = promote(root, state, plan, record)
     _link_current(root, state)
     _write_report(root, state, record)
     return record
+
+
+def nights_per_user(recipe: Recipe, root: Path, reporter) -> dict:
+    """`data.user: all`: tonight's night of every user's lineage, in root/users/ID (each a lineage dir), one user
+    after another over the same label set; returns each user's record."""
+    data = load_personal(recipe.data.train, recipe.data.on_bad_line, recipe.data.labels)
+    users = sorted({e.user for e in data.examples if e.user is not None})
+    if not users:
+        raise BadInput(f'lcsb night: data.user is all, but no line of {recipe.data.train} has a "user"')
+    for user in users:
+        if user in (".", "..") or Path(user).name != user:
+            raise BadInput(f"lcsb night: user id {user!r} cannot name a lineage dir (users/ID); rename it in the data")
+    recipe = replace_key(recipe, "data.labels", list(data.labels))
+    return {
+        user: night(replace_key(recipe, "data.user", user), Path(root) / "users" / user, reporter) for user in users
+    }
 
 
 def read_state(root: Path) -> dict:
@@ -81,6 +99,7 @@ def promote(root: Path, state: dict, plan: dict, record: dict) -> dict:
         "learned": [*state["learned"], *plan["learned"]],
         "probe": state["probe"] or plan["train_new"][: plan["probe_size"]],
         "current": record["adapter"],
+        "watermark": max(plan["newest"], state.get("watermark") or plan["newest"]),
     }
     write_json_atomic(Path(root) / "lineage.json", new_state)
     return new_state
@@ -94,8 +113,6 @@ def item_hash(example: PersonalExample) -> str:
 def _check(recipe: Recipe) -> None:
     if recipe.data.format != "jsonl":
         raise BadInput(f"lcsb night: data.format is {recipe.data.format}; a lineage reads phone labels (jsonl)")
-    if recipe.data.user == "all":
-        raise BadInput("lcsb night: data.user is all; run one lineage per user (data.user=ID, --output per user)")
     if recipe.data.eval is not None:
         raise BadInput("lcsb night: data.eval is set; a lineage holds out the newest items of each night itself")
     if recipe.lora.init is not None:
@@ -105,10 +122,11 @@ def _check(recipe: Recipe) -> None:
 
 
 def _plan(recipe: Recipe, state: dict, examples: list[PersonalExample]) -> dict | None:
-    """Tonight's items as hashes: new, held out (the newest), trained (carried + the rest of new), replayed."""
+    """Tonight's items as hashes: new (newer than the watermark, or at or before it and unseen: late), held out (the
+    newest), trained (carried + the rest of new), replayed."""
     by_time = sorted((e for e in examples if recipe.data.user in (None, e.user)), key=lambda e: (e.timestamp, e.id))
-    seen = set(state["seen"])
-    new = [e for e in by_time if item_hash(e) not in seen]
+    seen, watermark = set(state["seen"]), state.get("watermark")
+    new = [e for e in by_time if watermark is None or e.timestamp > watermark or item_hash(e) not in seen]
     if len(new) < 2:
         return None
     held = min(max(1, math.ceil(len(new) * recipe.data.eval_fraction)), len(new) - 1)
@@ -129,6 +147,8 @@ def _plan(recipe: Recipe, state: dict, examples: list[PersonalExample]) -> dict 
         "replay": count,
         "probe_size": recipe.lineage.probe,
         "range": [_iso(new[0].timestamp), _iso(new[-1].timestamp)],
+        "newest": new[-1].timestamp,
+        "late": sum(watermark is not None and e.timestamp <= watermark for e in new),
     }
 
 
@@ -199,6 +219,7 @@ def _record(recipe, plan: dict, state: dict, before: dict, after: dict, summary:
         "night": plan["night"],
         "range": plan["range"],
         "new": len(plan["new"]),
+        "late": plan["late"],
         "held_out": len(plan["held_out"]),
         "trained": len(plan["train"]),
         "replayed": plan["replay"],
@@ -209,6 +230,17 @@ def _record(recipe, plan: dict, state: dict, before: dict, after: dict, summary:
         "adapter": str(night_dir / "run" / "adapter") if promoted else state["current"],
         "steps": summary["steps"],
         "train_time_s": summary.get("wall_time_s"),
+    }
+
+
+def _job_figures(run: RunDir) -> dict:
+    """What the overnight job did during the night's run (job.json): cool-down and window waits, interruptions."""
+    job = json.loads(run.job.read_text()) if run.job.is_file() else {}
+    return {
+        "throttled_s": job.get("throttled_s", 0.0),
+        "waited_s": job.get("waited_s", 0.0),
+        "interruptions": len(job.get("interruptions", [])),
+        "resumes": job.get("resumes", 0),
     }
 
 
@@ -241,9 +273,16 @@ def morning_line(record: dict, state: dict) -> str:
         f"{name} accuracy {record['before'][name]:.3f} -> {record['after'][name]:.3f}" for name in record["before"]
     )
     verdict = "promoted" if record["promoted"] else f"not promoted, kept {record['adapter'] or 'the base model'}"
+    job = record.get("job") or {}
+    if job.get("throttled_s") or job.get("waited_s") or job.get("interruptions"):
+        verdict += (
+            f" (cooled down {job['throttled_s']:.0f} s, waited {job['waited_s']:.0f} s for the window, "
+            f"{job['interruptions']} interruptions)"
+        )
+    late = f", {record['late']} of them late" if record.get("late") else ""
     return (
-        f"night {record['night']}: {record['new']} new items ({record['range'][0]} .. {record['range'][1]}), trained "
-        f"on {record['trained']} ({record['replayed']} replayed); {scores}: {verdict}"
+        f"night {record['night']}: {record['new']} new items{late} ({record['range'][0]} .. {record['range'][1]}), "
+        f"trained on {record['trained']} ({record['replayed']} replayed); {scores}: {verdict}"
     )
 
 
