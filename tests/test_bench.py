@@ -367,7 +367,7 @@ def test_bench_over_seeds_at_equal_time_and_its_eval_matches_lcsb_eval(tmp_path)
     assert [m["name"] for m in result["methods"]] == ["lcsb:4:identity", "full-backprop"]
     # no TTY: plain lines, every step of every method and seed, then its eval
     progress = proc.stderr.splitlines()
-    assert "seed 1 full-backprop step 3: loss " in proc.stderr and "seed 0 lcsb:4: evaluating" in progress
+    assert "seed 1 full-backprop step 3: loss " in proc.stderr and "seed 0 lcsb:4:identity: evaluating" in progress
     full = result["methods"][1]
     for method in result["methods"]:
         per_seed = method["seeds"]

@@ -9,7 +9,7 @@ Each night's served adapter (the lineage's promoted one) is scored by accuracy o
 day 1's items (the day-1 probe; forgetting = its best accuracy during the week minus its last). Training time is the
 runs' summary wall_time_s; a lineage night's total (its gate evaluations included) is reported too.
 
-    nice -n 10 .venv/bin/python scripts/simulated_week.py --output /tmp/week
+    nice -n 10 .venv/bin/python experiments/simulated_week.py --output /tmp/week
 """
 
 from __future__ import annotations

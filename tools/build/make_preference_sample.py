@@ -8,7 +8,7 @@ held out by user turn, no eval prompt is a training prompt.
 feedback_train.jsonl, feedback_eval.jsonl: the same suggestions as thumbs up / down, {"id", "prompt", "completion",
 "label"}: each pair's two replies as two unpaired examples (the feedback version of the same user).
 Deterministic: the same --seed gives byte-identical files.
-Usage: python scripts/make_preference_sample.py [--out DIR] [--seed N]
+Usage: python tools/build/make_preference_sample.py [--out DIR] [--seed N]
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import json
 import random
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SENDERS = ["Sam", "Mia", "Jonas", "Priya", "Tom", "Aisha", "Leo", "Nora", "Ben", "Chloe", "Omar", "Ivy"]
 PLACES = ["the cafe", "the gym", "the station", "Mia's place", "the park", "the cinema", "the office", "the market"]
 TIMES = ["7", "8", "half 6", "noon", "9", "5"]
