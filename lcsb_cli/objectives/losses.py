@@ -39,7 +39,9 @@ def orpo_loss(mean_logps: torch.Tensor, chosen_nll: torch.Tensor, lam: float) ->
     ratio = F.logsigmoid(log_odds)
     metrics = reward_metrics(lam * chosen.detach(), lam * rejected.detach(), mean_logps.detach())
     metrics.update(
-        nll_loss=float(chosen_nll), log_odds_ratio=float(ratio.mean()), log_odds_chosen=float(log_odds.mean())
+        nll_loss=float(chosen_nll.detach()),
+        log_odds_ratio=float(ratio.detach().mean()),
+        log_odds_chosen=float(log_odds.detach().mean()),
     )
     return chosen_nll - lam * ratio.mean(), metrics
 
@@ -64,10 +66,18 @@ def kto_losses(
     )
     metrics = {"kl": float(kl)}
     if len(chosen):
-        metrics.update({"rewards/chosen": float(beta * chosen.mean()), "logps/chosen": float(logps[desirable].mean())})
+        metrics.update(
+            {
+                "rewards/chosen": float(beta * chosen.detach().mean()),
+                "logps/chosen": float(logps.detach()[desirable].mean()),
+            }
+        )
     if len(rejected):
         metrics.update(
-            {"rewards/rejected": float(beta * rejected.mean()), "logps/rejected": float(logps[~desirable].mean())}
+            {
+                "rewards/rejected": float(beta * rejected.detach().mean()),
+                "logps/rejected": float(logps.detach()[~desirable].mean()),
+            }
         )
     if len(chosen) and len(rejected):
         metrics["rewards/margins"] = metrics["rewards/chosen"] - metrics["rewards/rejected"]
