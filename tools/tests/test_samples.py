@@ -58,3 +58,13 @@ def test_shipped_personal_sample_matches_default_generation(tmp_path, generator)
     generator.main(["--out", str(tmp_path)])
     assert (tmp_path / "messages.jsonl").read_bytes() == (PERSONAL / "messages.jsonl").read_bytes()
     assert (tmp_path / "movies.jsonl").read_bytes() == (PERSONAL / "movies.jsonl").read_bytes()
+
+
+def test_preference_generator_writes_the_committed_sample(tmp_path):
+    script = BUILD / "make_preference_sample.py"
+    subprocess.run([sys.executable, str(script), "--out", str(tmp_path)], check=True, capture_output=True)
+    committed = REPO / "recipes" / "data" / "prefs"
+    names = sorted(p.name for p in committed.glob("*.jsonl"))
+    assert names == sorted(p.name for p in tmp_path.glob("*.jsonl")) and len(names) == 4
+    for name in names:
+        assert (tmp_path / name).read_bytes() == (committed / name).read_bytes(), name
