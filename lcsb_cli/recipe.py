@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import typing
 from pathlib import Path
 
@@ -229,7 +230,8 @@ def _validate_format_keys(data: DataConfig) -> None:
         formats = f.metadata.get("formats")
         if formats and data.format not in formats and getattr(data, f.name) != f.default:
             raise BadInput(
-                f"data.{f.name}: format {data.format} does not use it (only {', '.join(formats)}); remove it"
+                f"data.{f.name}: format {data.format} does not use it (only {', '.join(formats)}); remove it, or "
+                f"override it with its default (data.{f.name}={json.dumps(f.default)})"
             )
 
 

@@ -69,3 +69,7 @@ def test_a_data_key_the_format_does_not_read_is_an_error(fmt, override, unused):
     proc = cli("validate", str(LAMP2), f"data.format={fmt}", *own, override)
     assert proc.returncode == 2, proc.stdout
     assert proc.stderr.startswith(f"error: {unused}: format {fmt} does not use it"), proc.stderr
+    # the way out it names works where the key cannot be removed (set in a recipe file, its format overridden)
+    suggested = re.search(r"override it with its default \((\S+)\)", proc.stderr)[1]
+    assert suggested.startswith(f"{unused}=")
+    assert cli("validate", str(LAMP2), f"data.format={fmt}", *own, suggested).returncode == 0
