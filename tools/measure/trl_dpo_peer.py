@@ -1,7 +1,7 @@
 """A peer on lcsb's DPO work (issue 51): TRL's DPOTrainer with a peft LoRA on the same model, data, batch, rate and
 steps as `lcsb train recipes/prefs-smollm2.yaml method=full-backprop`, each side in a process of its own on this CPU,
-fp32 (TRL's config defaults to bf16, which on a CPU without native bf16 is emulated: 155 s a step against 9.9 s here), no
-activation checkpointing (TRL's default turns it on; lcsb's full-backprop has it off).
+fp32 (TRL's config defaults to bf16, which on a CPU without native bf16 is emulated: 155 s a step against 9.9 s
+here), no activation checkpointing (TRL's default turns it on; lcsb's full-backprop has it off).
 
     python tools/measure/trl_dpo_peer.py --steps 20 --output /tmp/peer
 
