@@ -160,6 +160,9 @@ class DataConfig:
     eval: str | None = key(None, "the held-out file")
     eval_labels: str | None = key(None, "LaMP-2: the *_outputs.json of data.eval", formats=("lamp2",))
     max_length: int = key(256, "tokens per example at most", min=16)
+    pad_to_multiple_of: int = key(
+        32, "a training batch pads to its longest row rounded up to this (mlx-lm's 32); 1: the longest row", min=1
+    )
     packing: bool = key(
         False,
         "concatenate examples into rows of max_length tokens; positions restart and attention stays inside each one",

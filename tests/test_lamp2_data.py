@@ -187,6 +187,30 @@ def test_collate_pads_right():
     assert all(t.dtype == torch.long for t in batch.values())
 
 
+def test_collate_rounds_the_width_up_to_the_multiple():
+    rows = [{"input_ids": [5, 6, 7], "labels": [-100, 6, 7]}, {"input_ids": [8], "labels": [8]}]
+    assert collate(rows, pad_id=1, multiple=3)["input_ids"].shape == (2, 3)
+    batch = collate(rows, pad_id=1, multiple=4)
+    assert batch["input_ids"].tolist() == [[5, 6, 7, 1], [8, 1, 1, 1]]
+    assert batch["attention_mask"].tolist() == [[1, 1, 1, 0], [1, 0, 0, 0]]
+    assert batch["labels"].tolist() == [[-100, 6, 7, -100], [8, -100, -100, -100]]
+
+
+def test_the_trained_batches_pad_to_the_recipes_multiple(tokenizer):
+    from helpers import LAMP2
+
+    from lcsb_cli.data import build_train_batches
+    from lcsb_cli.recipe import load_recipe
+
+    widths = {}
+    for multiple in (1, 32):
+        recipe = load_recipe(LAMP2, ["data.user=null", f"data.pad_to_multiple_of={multiple}"])
+        stream = build_train_batches(recipe, tokenizer)
+        widths[multiple] = [stream.batch(i)["input_ids"].shape[1] for i in range(8)]
+    assert all(w % 32 == 0 for w in widths[32]) and any(w % 32 for w in widths[1])
+    assert [-(-w // 32) * 32 for w in widths[1]] == widths[32]
+
+
 def _rows(n: int) -> list[dict]:
     return [{"input_ids": [i] * (1 + i % 3), "labels": [i] * (1 + i % 3)} for i in range(n)]
 

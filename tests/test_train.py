@@ -142,6 +142,22 @@ def test_k1_reproduces_full_backprop_bit_for_bit(tmp_path, path):
     assert_same_tensors(adapter_tensors(tmp_path / "k1"), adapter_tensors(tmp_path / "full"))
 
 
+def test_padding_to_a_multiple_trains_as_padding_to_the_longest_row(tmp_path):
+    """Pads are masked out of attention and loss, so data.pad_to_multiple_of changes only the matmul shapes: fp32
+    losses and the trained adapter agree to rounding."""
+    fixed = ("data.user=null", "train.max_steps=4", "train.autocast=none")
+    runs = {m: tmp_path / f"pad{m}" for m in (1, 32)}
+    for multiple, run_dir in runs.items():
+        run_train(run_dir, *fixed, f"data.pad_to_multiple_of={multiple}")
+    losses = [[r["loss"] for r in read_metrics(run_dir / "metrics.jsonl")] for run_dir in runs.values()]
+    assert losses[0] == pytest.approx(losses[1], rel=1e-5)
+    a, b = (adapter_tensors(run_dir) for run_dir in runs.values())
+    assert all(torch.allclose(a[k], b[k], atol=1e-5) for k in a)
+    assert [r["tokens"] for r in read_metrics(runs[1] / "metrics.jsonl")] == [
+        r["tokens"] for r in read_metrics(runs[32] / "metrics.jsonl")
+    ]
+
+
 def test_lcsb_differs_from_full_backprop(tmp_path):
     run_train(tmp_path / "k4", "train.max_steps=3")
     run_train(tmp_path / "full", "train.max_steps=3", "method=full-backprop")

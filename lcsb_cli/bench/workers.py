@@ -56,10 +56,9 @@ def lcsb_worker(conn, recipe_dict: dict) -> None:
             return
 
 
-def _trainer_batch(rows: list[dict], pad_id: int) -> dict:
-    """What the Trainer hands the model: lcsb's batch as the engine feeds it (a packed one with its documents'
-    position ids, model_inputs), with the labels."""
-    from ..data.batching import collate
+def _trainer_batch(rows: list[dict], pad_id: int, collate) -> dict:
+    """What the Trainer hands the model: lcsb's batch as the engine feeds it (padded alike; a packed one with its
+    documents' position ids, model_inputs), with the labels."""
     from ..model.losses import model_inputs
 
     batch = collate(rows, pad_id)
@@ -74,7 +73,6 @@ def hf_trainer_worker(conn, recipe_dict: dict, bf16: bool, total: int) -> None:
     from transformers.trainer_callback import PrinterCallback
 
     from ..data import build_train_batches
-    from ..data.batching import collate
     from ..model.load import load_model
     from ..recipe import recipe_from_dict
 
@@ -112,7 +110,7 @@ def hf_trainer_worker(conn, recipe_dict: dict, bf16: bool, total: int) -> None:
                         "tokens": tokens,
                         "tokens_per_s": tokens / self.elapsed,
                         "peak_mem_mb": peak_rss_mb(),
-                        "model_flops": flops.step([collate(rows, loaded.tokenizer.pad_token_id)]),
+                        "model_flops": flops.step([stream.collate_fn(rows, loaded.tokenizer.pad_token_id)]),
                     }
                 )
 
@@ -141,7 +139,9 @@ def hf_trainer_worker(conn, recipe_dict: dict, bf16: bool, total: int) -> None:
         args=args,
         train_dataset=dataset,
         callbacks=[Timed()],
-        data_collator=functools.partial(_trainer_batch, pad_id=loaded.tokenizer.pad_token_id),
+        data_collator=functools.partial(
+            _trainer_batch, pad_id=loaded.tokenizer.pad_token_id, collate=stream.collate_fn
+        ),
     )
     # its per-step log lines would interleave with the bench display
     trainer.remove_callback(PrinterCallback)

@@ -41,7 +41,10 @@ class Format:
 
     def collate(self, recipe: Recipe) -> Callable[[list[dict], int], dict]:
         """Rows -> a padded batch, as BatchStream calls it."""
-        return partial(self.batch, max_length=recipe.data.max_length) if self.batch else collate
+        multiple = recipe.data.pad_to_multiple_of
+        if self.batch:
+            return partial(self.batch, max_length=recipe.data.max_length, multiple=multiple)
+        return partial(collate, multiple=multiple)
 
 
 FORMATS = {

@@ -179,16 +179,16 @@ def joined(prompt_ids: list[int], response_ids: list[int], max_length: int) -> d
     return {"input_ids": prompt + response_ids, "labels": [-100] * len(prompt) + response_ids}
 
 
-def collate_pairs(rows: list[dict], pad_id: int, max_length: int) -> dict[str, torch.Tensor]:
+def collate_pairs(rows: list[dict], pad_id: int, max_length: int, multiple: int = 1) -> dict[str, torch.Tensor]:
     """The chosen sequences, then the rejected ones, in one batch; `index` names each pair."""
     sequences = [joined(row["prompt_ids"], row[k], max_length) for k in ("chosen_ids", "rejected_ids") for row in rows]
-    return {**collate(sequences, pad_id), "index": torch.tensor([row["index"] for row in rows])}
+    return {**collate(sequences, pad_id, multiple), "index": torch.tensor([row["index"] for row in rows])}
 
 
-def collate_feedback(rows: list[dict], pad_id: int, max_length: int) -> dict[str, torch.Tensor]:
+def collate_feedback(rows: list[dict], pad_id: int, max_length: int, multiple: int = 1) -> dict[str, torch.Tensor]:
     """Each prompt with its completion, and (under kl_) with the previous row's completion for the KL estimate."""
-    own = collate([joined(row["prompt_ids"], row["completion_ids"], max_length) for row in rows], pad_id)
-    kl = collate([joined(row["prompt_ids"], row["kl_completion_ids"], max_length) for row in rows], pad_id)
+    own = collate([joined(row["prompt_ids"], row["completion_ids"], max_length) for row in rows], pad_id, multiple)
+    kl = collate([joined(row["prompt_ids"], row["kl_completion_ids"], max_length) for row in rows], pad_id, multiple)
     return {
         **own,
         **{f"kl_{name}": value for name, value in kl.items()},
