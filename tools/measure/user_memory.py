@@ -26,8 +26,9 @@ from lcsb_cli.run.per_user import train_per_user  # noqa: E402
 
 
 class EachUser(SilentReporter):
-    peaks: list[float] = []
-    ends: list[float] = []
+    def __init__(self):
+        self.peaks: list[float] = []
+        self.ends: list[float] = []
 
     def for_user(self, user_id):
         reset_peak_rss()
@@ -51,8 +52,9 @@ def main(users: int, overrides: list[str]) -> None:
         (data / f"{split}_outputs.json").write_text(json.dumps({"task": "LaMP_2", "golds": golds}))
     paths = [f"data.{key}={data / name}" for key, name in _FILES.items()]
     recipe = load_recipe(REPO / "recipes" / "lamp2.yaml", [*paths, f"output_dir={data / 'run'}", *overrides])
-    summary = train_per_user(recipe, Path(recipe.output_dir), EachUser())
-    print(json.dumps({"peaks": EachUser.peaks, "ends": EachUser.ends, "run_peak": summary["peak_mem_mb"]}))
+    each = EachUser()
+    summary = train_per_user(recipe, Path(recipe.output_dir), each)
+    print(json.dumps({"peaks": each.peaks, "ends": each.ends, "run_peak": summary["peak_mem_mb"]}))
 
 
 _FILES = {
