@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 from lcsb_cli.data.personal import load_personal
-from lcsb_cli.evaluate.run import run_eval
+from lcsb_cli.evaluate.pipeline import run_eval
 from lcsb_cli.paths import recipe_file
 from lcsb_cli.recipe import load_recipe, replace_key
 from lcsb_cli.run import lineage

@@ -32,7 +32,7 @@ from .generate import (
 from .model.load import preset_names
 from .paths import recipe_file
 from .recipe import Recipe, replace_key
-from .run.rundir import resolve_target
+from .rundir import resolve_target
 
 # lcsb's own plain chat layout (the lcsb-bpe tokenizer's, which the chat data format trains the tiny presets with),
 # each turn ended by the tokenizer's own eos: for a base whose tokenizer has no chat template

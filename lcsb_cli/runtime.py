@@ -1,4 +1,5 @@
-"""Process-wide settings made at `import lcsb_cli`, before any third-party import.
+"""Process-wide settings. `import lcsb_cli` sets the first two, before any third-party import (`guard_imports`); the
+`lcsb` entry point (cli/) adds the third and the warning filters (`install`), which a library import leaves alone.
 
 - Library knobs that are read from the environment at import time.
 - No code from the network: transformers' hub kernels are switched off, and the `kernels` package (which
@@ -181,7 +182,20 @@ def stderr_to_log(name: str):
                 logging.getLogger(f"stderr.{name}").info(drawn)
 
 
-def install() -> None:
+def _quiet_known_warnings() -> None:
+    warnings.filterwarnings("ignore", category=FutureWarning, module=r"(transformers|peft)\b")
+    # MeZO steps no optimizer, yet the LR schedule must advance: torch's ordering warning does not apply.
+    warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler.step\(\)` before")
+
+
+def guard_imports() -> None:
     _set_library_knobs()
     _block_hub_kernels()
+
+
+def install() -> None:
+    """The CLI's process: lcsb owns stderr and quiets known warnings. Idempotent: the entry point calls it on import,
+    and a test session or a script that wants the CLI's process may too."""
+    guard_imports()
     _own_stderr()
+    _quiet_known_warnings()

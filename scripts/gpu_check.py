@@ -109,7 +109,7 @@ def train(check: Check, name: str, *overrides: str, steps: int | None = None) ->
     from lcsb_cli.recipe import load_recipe
     from lcsb_cli.run.engine import train as train_run
     from lcsb_cli.run.hooks import SilentReporter
-    from lcsb_cli.run.rundir import read_metrics
+    from lcsb_cli.rundir import read_metrics
 
     run_dir = check.work / "runs" / name
     recipe = load_recipe(check.recipe, check.overrides(*overrides, steps=steps))
@@ -212,7 +212,7 @@ def resume_kill9(check: Check) -> dict:
         return {"ok": False, "error": f"--resume exited {resumed.returncode}: {resumed.stderr[-2000:]}"}
     with deterministic():
         whole = train(check, "whole", "train.autocast=bf16", steps=check.resume_steps)
-    from lcsb_cli.run.rundir import read_metrics
+    from lcsb_cli.rundir import read_metrics
 
     losses = [row["loss"] for row in read_metrics(killed / "metrics.jsonl") if "loss" in row]
     same = same_tensors(adapter(check, "killed"), adapter(check, "whole"))
@@ -227,9 +227,9 @@ def gguf_packed(check: Check) -> dict:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from lcsb_cli.model import gguf_out
+    from lcsb_cli.model.gguf import write as gguf_out
+    from lcsb_cli.model.gguf.linear import PackedLinear
     from lcsb_cli.model.load import resolve_base_dir
-    from lcsb_cli.model.packed import PackedLinear
     from lcsb_cli.recipe import load_recipe
     from lcsb_cli.run.engine import build_trainer
 

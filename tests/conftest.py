@@ -17,6 +17,11 @@ if "LCSB_CACHE" not in os.environ:
 
 import pytest
 
+from lcsb_cli.runtime import install
+
+# the process settings the `lcsb` entry point installs, for the tests that call lcsb in-process
+install()
+
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
 

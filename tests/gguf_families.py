@@ -137,7 +137,7 @@ def quantize(source: Path, target: Path, file_type: str) -> None:
 
 
 def _write_f16(family: str, path: Path) -> None:
-    from lcsb_cli.model.gguf_out import write_gguf
+    from lcsb_cli.model.gguf.write import write_gguf
 
     partial = path.with_suffix(".partial")
     model = checkpoint(family)
@@ -210,7 +210,7 @@ def _write_gemma3(model, path: Path) -> None:
     import gguf
     import numpy as np
 
-    from lcsb_cli.model.gguf_out import tensor_names
+    from lcsb_cli.model.gguf.write import tensor_names
 
     config = model.config
     writer = gguf.GGUFWriter(path, "gemma3")

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import torch
 
-from lcsb_cli.model import llama_cpp
+from lcsb_cli.model.gguf import llama_cpp
 
 
 def transformers_model(path: Path, dtype: torch.dtype = torch.float32):

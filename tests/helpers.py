@@ -16,7 +16,7 @@ from lcsb_cli.model.load import load_model
 from lcsb_cli.recipe import load_recipe
 from lcsb_cli.run.engine import train
 from lcsb_cli.run.per_user import train_per_user
-from lcsb_cli.run.rundir import read_metrics
+from lcsb_cli.rundir import read_metrics
 
 REPO = Path(__file__).resolve().parent.parent
 # the shipped LaMP-2 recipe on the tiny random-init preset
@@ -30,7 +30,8 @@ def without_cache_caps() -> dict:
 
 
 NOISY_MAIN = (
-    "import lcsb_cli, noisy_library; noisy_library.install(); from lcsb_cli.cli import app; app(prog_name='lcsb')"
+    "from lcsb_cli.runtime import install; install(); import noisy_library; noisy_library.install(); "
+    "from lcsb_cli.cli import app; app(prog_name='lcsb')"
 )
 
 

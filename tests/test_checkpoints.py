@@ -15,7 +15,8 @@ import torch
 from helpers import LAMP2, REPO, adapter_tensors, assert_one_line_error, assert_same_tensors, cli, run_train, snapshot
 
 from lcsb_cli.errors import BadInput
-from lcsb_cli.run.checkpoint import (
+from lcsb_cli.rundir import read_metrics
+from lcsb_cli.rundir.checkpoint import (
     ADAPTER_FILE,
     MANIFEST,
     STATE_FILE,
@@ -24,7 +25,6 @@ from lcsb_cli.run.checkpoint import (
     load_checkpoint,
     save_checkpoint,
 )
-from lcsb_cli.run.rundir import read_metrics
 
 R = str(LAMP2.relative_to(REPO))
 

@@ -10,10 +10,10 @@ import torch
 from helpers import adapter_tensors, assert_same_tensors, run_train
 from test_divergence import scripted, trainer_for, weights
 
-from lcsb_cli.recipe_schema import DivergenceConfig
+from lcsb_cli.recipe.schema import DivergenceConfig
 from lcsb_cli.run.divergence import DivergenceGuard
-from lcsb_cli.run.rundir import read_metrics
 from lcsb_cli.run.trainer import Trainer
+from lcsb_cli.rundir import read_metrics
 
 # recorded by `lcsb train` / experiments/study_v2.py runs, each with its command (docs/RESULTS.md)
 CURVES = json.loads((Path(__file__).parent / "divergence_curves.json").read_text())

@@ -17,9 +17,9 @@ from helpers import LAMP2, REPO, assert_one_line_error, assert_same_tensors, cli
 from safetensors.torch import load_file, save_file
 
 from lcsb_cli.errors import BadInput
+from lcsb_cli.export import export_run
 from lcsb_cli.model import adapter as adapters
-from lcsb_cli.model import gguf_adapter
-from lcsb_cli.model.export import export_run
+from lcsb_cli.model.gguf import adapter as gguf_adapter
 
 pytestmark = pytest.mark.xdist_group("damaged-adapter")
 WEIGHTS, CONFIG = "adapter_model.safetensors", "adapter_config.json"

@@ -7,7 +7,7 @@ from helpers import LAMP2, REPO, cli
 
 from lcsb_cli.errors import BadInput
 from lcsb_cli.recipe import dump, load_recipe, recipe_from_dict
-from lcsb_cli.recipe_schema import MOVED_KEYS, Recipe
+from lcsb_cli.recipe.schema import MOVED_KEYS, Recipe
 
 
 def test_the_defaults_are_the_measured_best():

@@ -15,9 +15,9 @@ import pytest
 import torch
 from helpers import LAMP2, REPO, adapter_tensors, assert_one_line_error, assert_same_tensors, cli
 
+from lcsb_cli import rundir
 from lcsb_cli.errors import BadInput
 from lcsb_cli.recipe import load_recipe
-from lcsb_cli.run import rundir
 from lcsb_cli.run.distributed import Nodes
 
 COMMON = ("train.max_steps=4", "train.save_every=2", "train.log_every=1", "train.lr_scheduler=constant")

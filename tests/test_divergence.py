@@ -10,8 +10,8 @@ from lcsb_cli.errors import Diverged
 from lcsb_cli.model.losses import causal_lm_loss
 from lcsb_cli.recipe import load_recipe
 from lcsb_cli.run.engine import build_trainer
-from lcsb_cli.run.rundir import read_metrics
 from lcsb_cli.run.trainer import Trainer
+from lcsb_cli.rundir import read_metrics
 
 CLEAN, SPIKE, NAN = 1.0, 100.0, float("nan")
 

@@ -13,8 +13,8 @@ from lcsb_cli.methods import FullBackprop, make_optimizer
 from lcsb_cli.model.load import load_model, lora_parameters
 from lcsb_cli.model.losses import causal_lm_loss
 from lcsb_cli.recipe import load_recipe
-from lcsb_cli.run.rundir import read_metrics
 from lcsb_cli.run.trainer import Trainer
+from lcsb_cli.rundir import read_metrics
 
 
 def make_trainer(*overrides, loss_fn=causal_lm_loss, optimizer_class=torch.optim.AdamW):
@@ -236,7 +236,7 @@ def test_other_runtime_errors_are_not_disguised_as_memory_errors(tmp_path, monke
 def test_without_a_terminal_the_run_prints_plain_whole_lines(tmp_path):
     from rich.console import Console
 
-    from lcsb_cli.report import SPARKS, RichReporter, number
+    from lcsb_cli.display import SPARKS, RichReporter, number
     from lcsb_cli.run.engine import train
 
     run_dir = tmp_path / "a-run-directory-with-a-long-name-so-the-header-would-wrap-at-eighty"
@@ -256,7 +256,7 @@ def test_without_a_terminal_the_run_prints_plain_whole_lines(tmp_path):
 
 
 def test_the_end_of_a_run_says_what_it_bought():
-    from lcsb_cli.report import what_it_bought
+    from lcsb_cli.display import what_it_bought
 
     before = {"n": 90, "accuracy": 0.5111, "macro_f1": 0.4812, "majority_accuracy": 0.1444, "loss": 2.0}
     after = {**before, "accuracy": 0.6889, "macro_f1": 0.6533}

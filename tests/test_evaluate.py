@@ -278,8 +278,8 @@ def test_every_pass_reports_its_progress_up_to_its_item_count(tiny_model):
 
     from rich.console import Console
 
+    from lcsb_cli.display import Phases
     from lcsb_cli.evaluate import evaluate_items
-    from lcsb_cli.report import Phases
 
     recipe, loaded = tiny_model
     # batch 8: two batches a pass

@@ -15,7 +15,7 @@ from lcsb_cli.errors import BadInput
 from lcsb_cli.generate import chat_prompt_ids, generate_ids, generate_texts
 from lcsb_cli.model.load import load_model, load_tokenizer
 from lcsb_cli.recipe import load_recipe
-from lcsb_cli.run.rundir import resolve_target
+from lcsb_cli.rundir import resolve_target
 
 # one worker trains and exports the module's run once
 pytestmark = pytest.mark.xdist_group("generate")

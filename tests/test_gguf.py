@@ -18,9 +18,10 @@ from tiny_families import tiny_model
 
 from lcsb_cli.errors import BadInput
 from lcsb_cli.evaluate import run_eval
-from lcsb_cli.model import gguf_in, gguf_out
+from lcsb_cli.export import export_run
 from lcsb_cli.model import load as models
-from lcsb_cli.model.export import export_run
+from lcsb_cli.model.gguf import convert as gguf_in
+from lcsb_cli.model.gguf import write as gguf_out
 from lcsb_cli.paths import cache_root
 from lcsb_cli.recipe import load_recipe
 

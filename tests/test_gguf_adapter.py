@@ -24,9 +24,9 @@ from helpers import REPO, Quiet, assert_one_line_error, cli, run_train, snapshot
 from safetensors.torch import load_file
 from tiny_families import tiny_model
 
-from lcsb_cli.model import gguf_out
+from lcsb_cli.export import export_run
 from lcsb_cli.model import load as models
-from lcsb_cli.model.export import export_run
+from lcsb_cli.model.gguf import write as gguf_out
 from lcsb_cli.recipe import load_recipe
 from lcsb_cli.run.engine import train
 

@@ -19,13 +19,14 @@ from gguf_families import FAMILIES, checkpoint, family_file
 from helpers import LAMP2, assert_one_line_error, cli
 
 from lcsb_cli.errors import BadInput
-from lcsb_cli.model import gguf_config, gguf_in
-from lcsb_cli.model.gguf_index import GgufIndex
+from lcsb_cli.model.gguf import config as gguf_config
+from lcsb_cli.model.gguf import convert as gguf_in
+from lcsb_cli.model.gguf.index import GgufIndex
 from lcsb_cli.recipe import load_recipe
-from lcsb_cli.recipe_schema import LoraConfig
+from lcsb_cli.recipe.schema import LoraConfig
 from lcsb_cli.run.engine import train
 from lcsb_cli.run.hooks import SilentReporter
-from lcsb_cli.run.rundir import read_metrics
+from lcsb_cli.rundir import read_metrics
 
 # its own worker: the files and their conversions are built once, under locks, in the session's cache
 pytestmark = pytest.mark.xdist_group("gguf-families")
@@ -76,7 +77,7 @@ def _first_losses(tmp_path: Path, source: Path) -> tuple[list[dict], list[dict]]
 def test_each_file_trains_packed_as_dequantized_and_its_adapter_runs_in_llama_cpp(tmp_path, family, kind):
     from gguf_readers import LlamaCpp
 
-    from lcsb_cli.model.export import export_run
+    from lcsb_cli.export import export_run
 
     source = family_file(family, kind)
     packed, dense = _first_losses(tmp_path, source)

@@ -15,12 +15,12 @@ import pytest
 import torch
 from helpers import REPO, adapter_tensors, assert_one_line_error, assert_same_tensors, cli, kill_after_step
 
+from lcsb_cli.model.gguf.linear import PackedLinear
 from lcsb_cli.model.load import load_model
-from lcsb_cli.model.packed import PackedLinear
 from lcsb_cli.recipe import load_recipe
 from lcsb_cli.run.engine import train
 from lcsb_cli.run.hooks import SilentReporter
-from lcsb_cli.run.rundir import read_metrics
+from lcsb_cli.rundir import read_metrics
 
 # its own worker (the session cache converts each base once, under a lock), beside test_smollm2.py's
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("gguf-packed")]
@@ -146,7 +146,7 @@ def test_npu_sim_reads_the_packed_base_into_the_same_residents_as_the_dequantize
 def test_a_block_type_the_packed_base_cannot_read_is_one_line_naming_the_tensor_before_any_conversion(
     tmp_path, monkeypatch
 ):
-    from lcsb_cli.model import gguf_quants
+    from lcsb_cli.model.gguf import quants as gguf_quants
 
     def without_q4_1():
         monkeypatch.setattr(gguf_quants, "SUPPORTED", gguf_quants.SUPPORTED - {gguf_quants.T.Q4_1})
@@ -180,7 +180,7 @@ def test_the_tensor_index_finds_what_gguf_reader_finds_without_its_metadata_obje
     import numpy as np
 
     from lcsb_cli.errors import BadInput
-    from lcsb_cli.model.gguf_index import GgufIndex
+    from lcsb_cli.model.gguf.index import GgufIndex
     from lcsb_cli.model.load import gguf_source
 
     if importlib.util.find_spec(PACKAGES[base]) is None:
@@ -208,8 +208,8 @@ def test_a_file_tensor_whose_shape_disagrees_with_the_model_is_bad_input_naming_
     from transformers import AutoConfig
 
     from lcsb_cli.errors import BadInput
-    from lcsb_cli.model.gguf_index import GgufIndex
-    from lcsb_cli.model.gguf_packed import GgufPacked
+    from lcsb_cli.model.gguf.index import GgufIndex
+    from lcsb_cli.model.gguf.packed_base import GgufPacked
     from lcsb_cli.model.load import gguf_source, resolve_base_dir
 
     checkpoint = resolve_base_dir("smollm2-135m", "float32")

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from lcsb_cli.errors import BadInput
-from lcsb_cli.model import gguf_quants
+from lcsb_cli.model.gguf import quants as gguf_quants
 
 T = gguf.GGMLQuantizationType
 # each block format's f16 fields (scales, mins) by byte offset: random bytes there could read as NaN or inf

@@ -22,7 +22,7 @@ from helpers import (
 from safetensors.torch import load_file
 
 from lcsb_cli.run.best import BestWatch
-from lcsb_cli.run.rundir import read_metrics
+from lcsb_cli.rundir import read_metrics
 
 # constant rate 2e-2 on the tiny recipe: held-out loss falls to step 6, rises at 8 and 10, falls at 12 but not below
 # step 6's; with patience 3 the run stops at step 12 and step 6 is the best

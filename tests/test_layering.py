@@ -4,30 +4,20 @@ points up a layer, and the core (selective/) imports nothing of the project."""
 from __future__ import annotations
 
 import ast
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import lcsb_cli
 
 PACKAGE = Path(lcsb_cli.__file__).resolve().parent
-# a module may import modules of its own layer or of lower ones; a module's layer is that of the longest
+# a module may import modules of its own layer or of lower ones; a module's layer is its top-level package's
 LAYERS = [
-    # name below lcsb_cli that the table holds (run.checkpoint before run)
     {"selective", "errors", "atomic", "window", "paths", "runtime", "host"},
-    {"recipe", "recipe_schema", "recipe_yaml"},
-    {
-        "methods",
-        "objectives",
-        "model",
-        "data",
-        "backends",
-        "report",
-        "run.checkpoint",
-        "run.distributed",
-        "run.divergence",
-        "run.rundir",
-        "run.summary",
-    },
-    {"run", "evaluate", "bench", "generate", "chat"},
+    {"recipe"},
+    {"methods", "objectives", "model", "data", "backends", "display", "rundir"},
+    {"run", "evaluate", "bench", "generate", "chat", "export"},
     {"cli", "__main__"},
 ]
 
@@ -62,14 +52,9 @@ def project_imports() -> dict[str, set[str]]:
 
 
 def layer_of(module: str) -> int:
-    parts = module.split(".")[1:]
-    for end in range(len(parts), 0, -1):
-        name = ".".join(parts[:end])
-        for index, names in enumerate(LAYERS):
-            if name in names:
-                return index
+    top = module.split(".")[1] if "." in module else None
     # lcsb_cli/__init__.py: above everything
-    return len(LAYERS)
+    return next((index for index, names in enumerate(LAYERS) if top in names), len(LAYERS))
 
 
 def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
@@ -133,4 +118,19 @@ def test_the_checker_sees_a_cycle_and_an_upward_import():
     graph = {"lcsb_cli.recipe": {"lcsb_cli.run.engine"}, "lcsb_cli.run.engine": {"lcsb_cli.recipe"}}
     assert find_cycle(graph) == ["lcsb_cli.recipe", "lcsb_cli.run.engine", "lcsb_cli.recipe"]
     assert layer_of("lcsb_cli.run.engine") > layer_of("lcsb_cli.recipe")
-    assert layer_of("lcsb_cli.run.engine") > layer_of("lcsb_cli.run.checkpoint") > layer_of("lcsb_cli.recipe")
+    assert layer_of("lcsb_cli.run.engine") > layer_of("lcsb_cli.rundir.checkpoint") > layer_of("lcsb_cli.recipe")
+
+
+def test_a_library_import_leaves_logging_and_warnings_to_the_entry_point():
+    """`import lcsb_cli` (and what a script imports to train) attaches no log handler and changes no warning display
+    or filter of lcsb's, yet already keeps hub kernels out; the `lcsb` entry point (lcsb_cli.cli) takes stderr."""
+    probe = (
+        "import logging, os, warnings; show = warnings.showwarning; import lcsb_cli, lcsb_cli.run.engine; "
+        "ours = any('lr_scheduler' in str(f[1]) for f in warnings.filters); "
+        "print(logging.getLogger().handlers == [], warnings.showwarning is show, not ours, "
+        "os.environ.get('USE_HUB_KERNELS')); import lcsb_cli.cli; "
+        "print(logging.getLogger().handlers != [], warnings.showwarning is not show)"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "USE_HUB_KERNELS"}
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, check=True).stdout
+    assert out.split() == ["True", "True", "True", "NO", "True", "True"]

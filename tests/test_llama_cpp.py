@@ -1,4 +1,4 @@
-"""The one way the project opens llama.cpp (`lcsb_cli/model/llama_cpp.py`): extra buffer types off, so hosts whose
+"""The one way the project opens llama.cpp (`lcsb_cli/model/gguf/llama_cpp.py`): extra buffer types off, so hosts whose
 AMX kernels fault (ggml-org/llama.cpp#26954) run it, and a child process, so a crash or a hang is an error that names
 its cause instead of a dead or stuck pytest worker."""
 
@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 from helpers import REPO
 
-from lcsb_cli.model import llama_cpp
+from lcsb_cli.model.gguf import llama_cpp
 from lcsb_cli.model.load import gguf_source
 
-HELPER = REPO / "lcsb_cli" / "model" / "llama_cpp.py"
+HELPER = REPO / "lcsb_cli" / "model" / "gguf" / "llama_cpp.py"
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ from lcsb_cli.evaluate import run_eval
 from lcsb_cli.evaluate.text import held_out_loss, text_metrics
 from lcsb_cli.model.load import load_model, load_tokenizer, materialize_preset
 from lcsb_cli.recipe import load_recipe
-from lcsb_cli.run.rundir import read_metrics
+from lcsb_cli.rundir import read_metrics
 
 EOS = "<|endoftext|>"
 DATA = REPO / "recipes" / "data"

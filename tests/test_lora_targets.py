@@ -14,7 +14,7 @@ from tiny_families import tiny_checkpoint
 from lcsb_cli.bench.roofline import ModelShape
 from lcsb_cli.model.load import load_model
 from lcsb_cli.recipe import load_recipe
-from lcsb_cli.recipe_schema import LoraConfig
+from lcsb_cli.recipe.schema import LoraConfig
 
 SEVEN = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 

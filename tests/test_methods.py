@@ -8,8 +8,8 @@ from helpers import adapter_tensors, assert_same_tensors, run_train
 from torch import nn
 
 from lcsb_cli.methods import Mezo
-from lcsb_cli.run.checkpoint import load_checkpoint
-from lcsb_cli.run.rundir import read_metrics
+from lcsb_cli.rundir import read_metrics
+from lcsb_cli.rundir.checkpoint import load_checkpoint
 
 
 def moved_layers(before: dict, after: dict) -> set[int]:

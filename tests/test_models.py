@@ -8,7 +8,7 @@ from torch import nn
 from lcsb_cli.model.load import inference_mode, load_model
 from lcsb_cli.model.losses import causal_lm_loss
 from lcsb_cli.recipe import load_recipe
-from lcsb_cli.run.rundir import read_metrics
+from lcsb_cli.rundir import read_metrics
 from lcsb_cli.selective import SelectiveLayers, partition
 
 

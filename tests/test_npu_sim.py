@@ -10,7 +10,7 @@ from helpers import adapter_tensors, assert_same_tensors, run_train
 from lcsb_cli.backends.npu_sim import NpuSimBackend
 from lcsb_cli.backends.npu_sim.device import DeviceModel, load_profile
 from lcsb_cli.backends.npu_sim.executor import Calibration, NpuExecutor, dequantize, from_fp16, to_fp16
-from lcsb_cli.recipe_schema import NpuSimConfig
+from lcsb_cli.recipe.schema import NpuSimConfig
 
 FORMATS = ("fp16", "int8", "int4")
 # relative error of the product against the fp32 weights

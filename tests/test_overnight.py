@@ -15,7 +15,7 @@ from helpers import Quiet, adapter_tensors, assert_same_tensors
 from lcsb_cli.backends import CpuBackend, base
 from lcsb_cli.errors import BadInput
 from lcsb_cli.recipe import load_recipe
-from lcsb_cli.recipe_schema import OvernightConfig
+from lcsb_cli.recipe.schema import OvernightConfig
 from lcsb_cli.run.engine import train
 from lcsb_cli.run.job import Job
 from lcsb_cli.window import parse_window

@@ -16,7 +16,7 @@ from torch import nn
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from lcsb_cli.errors import BadInput
-from lcsb_cli.model.packed import PackedLinear, from_gguf_tensor
+from lcsb_cli.model.gguf.linear import PackedLinear, from_gguf_tensor
 
 T = gguf.GGMLQuantizationType
 PROJECTIONS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]

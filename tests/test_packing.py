@@ -18,7 +18,7 @@ from lcsb_cli.errors import BadInput
 from lcsb_cli.model.load import load_model, lora_parameters
 from lcsb_cli.model.losses import causal_lm_loss, model_inputs
 from lcsb_cli.recipe import load_recipe
-from lcsb_cli.run.rundir import read_metrics
+from lcsb_cli.rundir import read_metrics
 
 DATA = REPO / "recipes" / "data"
 LABELS_OFF = ["data.train_labels=null", "data.eval_labels=null"]

@@ -13,7 +13,7 @@ from lcsb_cli.model.losses import head_cross_entropy
 from lcsb_cli.model.precision import CastCounter, _CastOnce, store_frozen_in_bf16
 from lcsb_cli.recipe import load_recipe
 from lcsb_cli.run.engine import build_trainer
-from lcsb_cli.run.rundir import read_metrics
+from lcsb_cli.rundir import read_metrics
 
 X86 = "processor\t: 0\nflags\t\t: fpu sse2 avx2 avx512f {extra}\n"
 

@@ -12,7 +12,7 @@ import pytest
 from helpers import REPO, adapter_tensors, assert_same_tensors, kill_after_step, run_train
 
 from lcsb_cli.objectives import reference
-from lcsb_cli.run.rundir import read_metrics
+from lcsb_cli.rundir import read_metrics
 
 PREFS = REPO / "tests" / "tiny_prefs.yaml"
 # overrides' paths resolve against the working directory

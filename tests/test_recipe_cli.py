@@ -8,9 +8,9 @@ import yaml
 from helpers import REPO, assert_one_line_error, cli, lcsb, snapshot
 
 from lcsb_cli import recipe as rc
+from lcsb_cli import rundir
 from lcsb_cli.errors import BadInput
-from lcsb_cli.run import rundir
-from lcsb_cli.run.checkpoint import checkpoint_dirs
+from lcsb_cli.rundir.checkpoint import checkpoint_dirs
 
 LAMP2 = REPO / "recipes" / "lamp2.yaml"
 

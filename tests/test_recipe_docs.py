@@ -8,7 +8,7 @@ import pytest
 from helpers import LAMP2, REPO, cli
 
 from lcsb_cli.recipe import CHOICES, Recipe
-from lcsb_cli.recipe_yaml import fields_of
+from lcsb_cli.recipe.parse import fields_of
 
 SHIPPED = sorted((REPO / "recipes").glob("**/*.yaml"))
 LINE = re.compile(r"^(?P<indent>\s*)(?P<key>\w+):(?P<value>[^#]*)#(?P<comment>.*)$")

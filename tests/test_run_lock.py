@@ -11,7 +11,7 @@ import time
 import pytest
 from helpers import LAMP2, REPO, cli, lcsb, run_train
 
-from lcsb_cli.run.checkpoint import checkpoint_dirs, step_of
+from lcsb_cli.rundir.checkpoint import checkpoint_dirs, step_of
 
 ARGS = ["train", str(LAMP2), "train.max_steps=100000", "train.save_every=5", "train.log_every=1"]
 
@@ -54,7 +54,7 @@ def test_a_second_writer_is_refused_and_a_killed_writer_blocks_nothing(tmp_path)
 
 
 HOLD = (
-    "import sys, time; from lcsb_cli.run.rundir import RunDir\n"
+    "import sys, time; from lcsb_cli.rundir import RunDir\n"
     "with RunDir(sys.argv[1]).writer():\n    print('held', flush=True); time.sleep(600)"
 )
 

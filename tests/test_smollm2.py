@@ -15,14 +15,14 @@ from gguf_readers import LlamaCpp, hf_greedy, hf_logits, transformers_model
 from helpers import Quiet
 
 from lcsb_cli.data import build_train_batches
-from lcsb_cli.model import gguf_in
+from lcsb_cli.export import export_run
 from lcsb_cli.model import load as models
-from lcsb_cli.model.export import export_run
+from lcsb_cli.model.gguf import convert as gguf_in
 from lcsb_cli.model.losses import causal_lm_loss
 from lcsb_cli.recipe import load_recipe
 from lcsb_cli.run.engine import train
-from lcsb_cli.run.rundir import read_metrics
 from lcsb_cli.run.trainer import target_tokens
+from lcsb_cli.rundir import read_metrics
 
 REPO = Path(__file__).resolve().parent.parent
 PROMPTS = ["The capital of France is", "Once upon a time, a little robot", "def add(a, b):\n"]

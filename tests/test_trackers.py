@@ -14,7 +14,7 @@ import pytest
 import yaml
 from helpers import LAMP2, REPO, assert_one_line_error, cli, run_train
 
-from lcsb_cli.run.rundir import read_metrics
+from lcsb_cli.rundir import read_metrics
 
 TRACKED = (
     "train.max_steps=4",

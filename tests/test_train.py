@@ -12,8 +12,8 @@ from helpers import LAMP2, REPO, adapter_tensors, assert_same_tensors, kill_afte
 
 from lcsb_cli.errors import BadInput
 from lcsb_cli.recipe import load_recipe
-from lcsb_cli.run.rundir import read_metrics
-from lcsb_cli.run.summary import aggregate, summarize
+from lcsb_cli.rundir import read_metrics
+from lcsb_cli.rundir.summary import aggregate, summarize
 
 METRIC_FIELDS = {
     "step",

@@ -15,7 +15,7 @@ import yaml
 from helpers import LAMP2, adapter_tensors, assert_one_line_error, assert_same_tensors, cli, run_train
 
 from lcsb_cli.recipe import dump, load_recipe, replace_key
-from lcsb_cli.run.rundir import read_metrics
+from lcsb_cli.rundir import read_metrics
 
 CONSTANT = ("method=full-backprop", "train.lr_scheduler=constant", "train.warmup_steps=0", "train.lr=1e-2")
 

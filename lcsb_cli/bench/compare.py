@@ -9,7 +9,7 @@ from ..atomic import write_json_atomic, write_text_atomic
 from ..errors import BadInput
 from ..methods import LABEL_FORMS, blocks_of, label_of, recipe_for_label
 from ..recipe import Recipe, replace_key, with_overrides
-from ..run.summary import step_stats
+from ..rundir.summary import step_stats
 from .roofline import compute_dtype, roofline_fields
 from .seeds import combine_seeds, plot_loss_curves
 from .session import (

@@ -21,7 +21,7 @@ from ..host import choose_autocast, host_kind
 from ..methods import METHODS, Plan
 from ..model.shape import LayerShape
 from ..recipe import Recipe
-from ..recipe_schema import ALL_LINEAR
+from ..recipe.schema import ALL_LINEAR
 
 QKV = ("q_proj", "k_proj", "v_proj")
 # the decoder layer's linear layers: what lora.targets' all-linear adapts in the families this shape describes

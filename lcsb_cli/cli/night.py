@@ -28,7 +28,7 @@ def night(
     A night cut short (window end, SIGTERM, kill -9) continues when the command runs again. The lineage dir works as
     a run dir for eval, generate, chat and export (its adapter is the promoted one). Example, from cron:
     `30 1 * * * lcsb night recipes/overnight.yaml -o ~/lcsb/alex`."""
-    from ..report import RichReporter
+    from ..display import RichReporter
     from ..run.lineage import night as run_night
     from ..run.lineage import nights_per_user
 

@@ -12,8 +12,8 @@ import typer
 from ..errors import BadInput
 from ..paths import RECIPES_DIR, recipe_file
 from ..recipe import dump, load_recipe, with_autocast_chosen
-from ..recipe_yaml import explain as explain_keys
-from ..run.rundir import check_output_dir, resolve_target
+from ..recipe.parse import explain as explain_keys
+from ..rundir import check_output_dir, resolve_target
 from .app import STATE, Overrides, RecipeArg, Temperature, UserOption, app, err, flag, handled, out
 
 
@@ -53,7 +53,7 @@ def train(
     if launching:
         # read as torch loads; torchrun's agent runs here: c10d's warnings (with frame dumps) would bury the errors
         os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
-    from ..report import RichReporter
+    from ..display import RichReporter
     from ..run.distributed import Nodes
     from ..run.engine import train as train_one
     from ..run.per_user import train_per_user
@@ -75,7 +75,7 @@ def train(
 def _launch(loaded, recipe: str, overrides: list[str], nproc: int, nodes, resume: bool, force: bool) -> int:
     """Check what can be checked here (exit 2 before any worker starts), then rerun this command under torchrun."""
     from ..run.distributed import check_parallel_method, launch
-    from ..run.rundir import check_fresh, check_resume
+    from ..rundir import check_fresh, check_resume
 
     run_dir = Path(loaded.output_dir)
     check_resume(run_dir, loaded) if resume else check_fresh(run_dir, force)
@@ -113,8 +113,8 @@ def eval_(
 
     Examples: `lcsb eval lamp2` (the base) · `lcsb eval runs/lamp2` (the run's adapter) ·
     `lcsb eval lamp2 --adapter DIR -o runs/check`. Recipe keys: `lcsb validate RECIPE` prints them all, resolved."""
+    from ..display import Phases, eval_table
     from ..evaluate import run_eval
-    from ..report import Phases, eval_table
 
     if output is not None:
         check_output_dir(output)
@@ -299,7 +299,7 @@ def bench(
     Recipe keys: `lcsb validate RECIPE` prints them all, resolved."""
     from ..bench.compare import method_names, run_bench
     from ..bench.table import bench_rich
-    from ..report import Phases
+    from ..display import Phases
 
     loaded, autocast = with_autocast_chosen(load_recipe(recipe_file(recipe), overrides or []))
     if not compare:
@@ -372,7 +372,7 @@ def export(
     Examples: `lcsb export runs/lamp2 -o adapter/` · `lcsb export runs/chat --merge -o merged/` ·
     `lcsb export runs/chat --format gguf -o chat.gguf` · `lcsb export runs/chat --merge --format gguf --outtype q8_0
     -o chat.gguf --modelfile` · `lcsb export runs/lamp2-smollm2 --format gguf -o users/`."""
-    from ..model.export import export_run
+    from ..export import export_run
 
     written = export_run(run_dir, output, merge, user, fmt, outtype, modelfile)
     if merge:

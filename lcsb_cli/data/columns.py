@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Collection
 from dataclasses import dataclass
 
-from ..recipe_schema import COLUMN_ROLES
+from ..recipe.schema import COLUMN_ROLES
 
 SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "system": "system"}
 SHAREGPT = "conversations"

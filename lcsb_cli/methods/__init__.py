@@ -15,7 +15,7 @@ from torch import nn
 
 from ..errors import BadInput
 from ..recipe import get_key, replace_key
-from ..recipe_schema import Recipe
+from ..recipe.schema import Recipe
 from .base import Method, Plan
 from .baselines import Freeze, FullBackprop, Lisa, Mezo
 from .lcsb import Lcsb

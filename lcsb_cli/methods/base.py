@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ..recipe_schema import Recipe
+from ..recipe.schema import Recipe
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ import statistics
 import torch
 from torch import nn
 
-from ..recipe_schema import LcsbConfig, LcsbExperimental
+from ..recipe.schema import LcsbConfig, LcsbExperimental
 from ..selective import (
     UPPER_PATHS,
     BlockSchedule,

@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from ..errors import BadInput
-from . import gguf_out
+from .gguf import write as gguf_out
 
 if TYPE_CHECKING:
     from peft import LoraConfig
@@ -215,7 +215,7 @@ def _weights(file: Path) -> dict[str, torch.Tensor]:
 
 
 def _read_gguf(path: Path, base: nn.Module) -> Adapter:
-    """An adapter GGUF (llama.cpp's format, as gguf_adapter.py writes it) back into peft's names, LoRA config and
+    """An adapter GGUF (llama.cpp's format, as gguf/adapter.py writes it) back into peft's names, LoRA config and
     row order."""
     import gguf
 

@@ -20,9 +20,10 @@ from .. import atomic
 from ..errors import BadInput
 from ..paths import CONFIGS_DIR, cache_root
 from ..recipe import Recipe
-from ..recipe_schema import ALL_LINEAR
+from ..recipe.schema import ALL_LINEAR
 from . import adapter as adapters
-from . import gguf_in, memory, streamed
+from . import memory, streamed
+from .gguf import convert as gguf_in
 
 PRESET_DIR = CONFIGS_DIR / "models"
 TOKENIZER_DIR = CONFIGS_DIR / "tokenizers"
@@ -245,9 +246,9 @@ def _load_streamed(recipe: Recipe):
 
 
 def _load_packed(recipe: Recipe):
-    """quantization: gguf: the decoder's Linears keep the GGUF file's blocks (gguf_packed.py), built one module at a
+    """quantization: gguf: the decoder's Linears keep the file's blocks (gguf/packed_base.py), built one module at a
     time on the meta device like the streamed build; the rest comes from the file's converted checkpoint."""
-    from .gguf_packed import GgufPacked, open_packable
+    from .gguf.packed_base import GgufPacked, open_packable
 
     source_file = gguf_source(recipe.model.name)
     if source_file is None:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from ..recipe_schema import PreferenceConfig
+from ..recipe.schema import PreferenceConfig
 from . import reference
 from .logps import cross_entropy_rows, response_tokens, sequence_logps
 from .losses import dpo_losses, kto_kl, kto_losses, orpo_loss

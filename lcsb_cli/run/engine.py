@@ -10,9 +10,11 @@ from pathlib import Path
 import torch
 from transformers import get_scheduler
 
+from .. import rundir
 from ..atomic import write_json_atomic
 from ..backends import get_backend
 from ..data import TaskData, build_train_batches, load_task
+from ..display import Phases
 from ..errors import BadInput
 from ..host import choose_autocast
 from ..methods import build_method, check_layer_counts
@@ -23,16 +25,15 @@ from ..model.memory import breakdown, peak_rss_mb, rebased
 from ..model.precision import prepare_for_autocast
 from ..objectives import build_objective
 from ..recipe import Recipe
-from ..report import Phases
+from ..rundir import RunDir
+from ..rundir.summary import summarize
 from ..runtime import log_to
-from . import rundir, warm
+from . import warm
 from .best import EARLY_STOPPING, BestWatch
 from .distributed import SINGLE, World
 from .hooks import Hook, Reporter, Run, SilentReporter, check_initial_loss, hooks_for
 from .job import Job, owned_job, write_report
 from .resume import resume_state, save_adapter
-from .rundir import RunDir
-from .summary import summarize
 from .trainer import Trainer
 
 

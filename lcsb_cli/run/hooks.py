@@ -21,12 +21,12 @@ from ..evaluate import evaluate_items, summary_row
 from ..model.load import LoadedModel, inference_mode
 from ..model.losses import causal_lm_loss
 from ..recipe import Recipe
+from ..rundir import RunDir
 from . import first_batch
 from .best import EARLY_STOPPING, BestWatch
 from .distributed import World
 from .job import Job
 from .resume import save_state
-from .rundir import RunDir
 from .trackers import MetricsLog, open_trackers
 from .trainer import Trainer
 

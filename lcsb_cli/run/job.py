@@ -15,9 +15,9 @@ import time
 from pathlib import Path
 
 from ..atomic import write_json_atomic
+from ..rundir import RunDir
 from ..window import parse_window
 from .distributed import check_parallel_method, init_world
-from .rundir import RunDir
 
 # a paused job resumes this far below overnight.max_temp_c
 COOL_MARGIN_C = 2.0

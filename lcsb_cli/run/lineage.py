@@ -29,9 +29,9 @@ from ..atomic import write_json_atomic, write_text_atomic
 from ..data.personal import PersonalExample, load_personal
 from ..errors import BadInput
 from ..recipe import Recipe, dump, replace_key
-from .checkpoint import checkpoint_dirs
+from ..rundir import RunDir
+from ..rundir.checkpoint import checkpoint_dirs
 from .engine import train
-from .rundir import RunDir
 
 FILES = ("train.jsonl", "held_out.jsonl")
 EMPTY = {"nights": [], "seen": [], "carried": [], "learned": [], "probe": [], "current": None, "watermark": None}

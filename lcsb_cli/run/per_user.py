@@ -5,18 +5,18 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from .. import rundir
 from ..atomic import write_json_atomic
 from ..data import user_tasks
 from ..errors import Diverged
 from ..model.memory import process_peak_rss_mb, rebased, release_freed_memory, reset_peak_rss
 from ..recipe import Recipe, replace_key
-from . import rundir
+from ..rundir import RunDir
+from ..rundir.summary import aggregate
 from .distributed import World
 from .engine import train
 from .hooks import SilentReporter
 from .job import Job, owned_job, write_report
-from .rundir import RunDir
-from .summary import aggregate
 
 
 def train_per_user(recipe: Recipe, run_dir: Path, reporter, resume: bool = False, force: bool = False) -> dict:

@@ -10,8 +10,15 @@ from peft import get_peft_model_state_dict
 from ..atomic import write_dir
 from ..errors import BadInput
 from ..model import adapter as adapters
-from .checkpoint import ADAPTER_FILE, CorruptCheckpoint, checkpoint_dirs, load_checkpoint, save_checkpoint, step_of
-from .rundir import RunDir
+from ..rundir import RunDir
+from ..rundir.checkpoint import (
+    ADAPTER_FILE,
+    CorruptCheckpoint,
+    checkpoint_dirs,
+    load_checkpoint,
+    save_checkpoint,
+    step_of,
+)
 
 KEEP_CHECKPOINTS = 3
 

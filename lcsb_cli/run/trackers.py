@@ -29,7 +29,7 @@ from pathlib import Path
 from ..atomic import write_json_atomic
 from ..errors import BadInput
 from ..recipe import Recipe, to_dict
-from .rundir import RunDir
+from ..rundir import RunDir
 
 
 class MetricsLog:

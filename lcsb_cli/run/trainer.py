@@ -16,7 +16,7 @@ from ..errors import BadInput
 from ..methods import Method
 from ..model.losses import causal_lm_loss
 from ..objectives import PreferenceObjective
-from ..recipe_schema import DivergenceConfig
+from ..recipe.schema import DivergenceConfig
 from .distributed import SINGLE, World
 from .divergence import DivergenceGuard, GoodState, all_finite, make_snapshot, scale_lr
 

@@ -19,10 +19,10 @@ import yaml
 
 from ..errors import BadInput
 from ..model import adapter as adapters
-from ..model.gguf_index import GgufIndex
+from ..model.gguf.index import GgufIndex
 from ..model.load import gguf_source, portable_name
 from ..recipe import Recipe, replace_key
-from .rundir import RunDir
+from ..rundir import RunDir
 
 FRESH = "warm-start from an adapter of this base and LoRA shape, or drop lora.init to start fresh"
 

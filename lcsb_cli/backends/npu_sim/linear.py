@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from ...errors import BadInput
-from ...model.packed import PackedLinear
+from ...model.gguf.linear import PackedLinear
 from .device import WEIGHT_BYTES, DeviceModel
 from .executor import NpuExecutor, Resident
 

@@ -8,12 +8,13 @@ from pathlib import Path
 
 import torch
 
-from .. import atomic
-from ..errors import BadInput
-from ..recipe import replace_key
-from ..run.rundir import RunDir, finished_run
-from . import adapter as adapters
-from . import gguf_adapter, gguf_out
+from . import atomic
+from .errors import BadInput
+from .model import adapter as adapters
+from .model.gguf import adapter as gguf_adapter
+from .model.gguf import write as gguf_out
+from .recipe import replace_key
+from .rundir import RunDir, finished_run
 
 FORMATS = ("hf", "gguf")
 
@@ -139,7 +140,7 @@ def _write_modelfile(gguf_file: Path) -> None:
 
 def _check_gguf_architecture(recipe) -> None:
     """Refuse an unsupported architecture before any weight is loaded."""
-    from .load import check_causal_lm, resolve_base_dir
+    from .model.load import check_causal_lm, resolve_base_dir
 
     base_dir = resolve_base_dir(recipe.model.name, recipe.model.dtype)
     gguf_out.check_exportable(check_causal_lm(base_dir, recipe.model.trust_remote_code).model_type)
@@ -147,7 +148,7 @@ def _check_gguf_architecture(recipe) -> None:
 
 def checked_adapter(recipe, adapter: Path) -> adapters.Adapter:
     """The run's adapter, checked against its base's config (on the meta device: no weights are loaded)."""
-    from .load import check_causal_lm, resolve_base_dir
+    from .model.load import check_causal_lm, resolve_base_dir
 
     trust = recipe.model.trust_remote_code
     config = check_causal_lm(resolve_base_dir(recipe.model.name, recipe.model.dtype), trust)
@@ -157,7 +158,7 @@ def checked_adapter(recipe, adapter: Path) -> adapters.Adapter:
 def merged_model(recipe, adapter: Path):
     """(base + adapter merged, base checkpoint dir). Merging needs full-precision base weights: the base is loaded
     unquantized in the recipe's dtype."""
-    from .load import load_base
+    from .model.load import load_base
 
     base, _, base_dir = load_base(replace_key(recipe, "quantization", "none"), torch.device("cpu"))
     merged = adapters.load(base, adapter).merge_and_unload()
@@ -166,7 +167,7 @@ def merged_model(recipe, adapter: Path):
 
 
 def _merged_hf(recipe, adapter: Path, target: Path) -> None:
-    from .load import load_tokenizer
+    from .model.load import load_tokenizer
 
     merged, base_dir = merged_model(recipe, adapter)
     tokenizer = load_tokenizer(base_dir)
@@ -179,7 +180,7 @@ def _merged_hf(recipe, adapter: Path, target: Path) -> None:
 
 
 def _merged_gguf(recipe, adapter: Path, target: Path, outtype: str) -> None:
-    from .load import gguf_source
+    from .model.load import gguf_source
 
     merged, base_dir = merged_model(recipe, adapter)
     gguf_out.write_gguf(merged, base_dir, target, outtype, gguf_source(recipe.model.name))

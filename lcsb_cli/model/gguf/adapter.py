@@ -18,9 +18,10 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import BadInput
-from . import gguf_in, gguf_out
-from .adapter import ARCHITECTURES, PEFT_PREFIX, Adapter
+from ...errors import BadInput
+from ..adapter import ARCHITECTURES, PEFT_PREFIX, Adapter
+from . import convert as gguf_in
+from . import write as gguf_out
 
 # --outtype of an adapter GGUF -> numpy dtype (the GGML type follows it)
 OUTTYPES = {"f32": np.float32, "f16": np.float16}
@@ -41,7 +42,7 @@ class Base:
 def base_of(recipe) -> Base:
     """The run's base, read from its GGUF file's metadata or its config.json; BadInput for an architecture that has
     no adapter GGUF here."""
-    from .load import gguf_source
+    from ..load import gguf_source
 
     source = gguf_source(recipe.model.name)
     return _gguf_base(source) if source is not None else _hf_base(recipe)
@@ -65,7 +66,7 @@ def _gguf_base(path: Path) -> Base:
 
 
 def _hf_base(recipe) -> Base:
-    from .load import check_causal_lm, resolve_base_dir
+    from ..load import check_causal_lm, resolve_base_dir
 
     base_dir = resolve_base_dir(recipe.model.name, recipe.model.dtype)
     config = check_causal_lm(base_dir, recipe.model.trust_remote_code)

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..errors import BadInput
+from ...errors import BadInput
 
 OUTTYPES = ("f16", "bf16", "q8_0")
 # HF model_type -> GGUF

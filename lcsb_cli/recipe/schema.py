@@ -1,12 +1,12 @@
 """The recipe's keys: one dataclass per section, each key with its type (Literal for a choice), default, help and
-minimum. Validation (recipe.py), `lcsb validate --explain` and the shipped recipes' comments all read them here."""
+minimum. Validation (recipe/), `lcsb validate --explain` and the shipped recipes' comments all read them here."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Literal
 
-from .selective.choices import IDLE_UPDATES, LR_SCALES, ON_RETURN, SCHEDULES, UPPER_PATHS
+from ..selective.choices import IDLE_UPDATES, LR_SCALES, ON_RETURN, SCHEDULES, UPPER_PATHS
 
 # lora.targets' default: peft's rule, every linear layer but the LM head (Qwen2, Llama, Gemma 3: q/k/v/o_proj and
 # gate/up/down_proj; Phi-3: qkv_proj, o_proj, gate_up_proj, down_proj)

@@ -1,6 +1,6 @@
 """`quantization: gguf`: a .gguf base trained as the file holds it. The decoder's Linears keep the file's blocks
-(Q4_0 ... Q6_K) and dequantize per product, forward and input gradient alike (packed.py); everything else (norms,
-the embedding and LM head) comes from the file's converted checkpoint (gguf_in.py), in the recipe's dtype. A
+(Q4_0 ... Q6_K) and dequantize per product, forward and input gradient alike (linear.py); everything else (norms,
+the embedding and LM head) comes from the file's converted checkpoint (convert.py), in the recipe's dtype. A
 Linear the file stores as F32 / F16 / BF16 is kept in that type the same way. `open_packable` checks every decoder
 matrix's type before anything is converted, so a file the packed layers cannot read is refused at once."""
 
@@ -12,11 +12,12 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..errors import BadInput
-from . import gguf_in, streamed
-from .gguf_index import GgufIndex
-from .gguf_quants import check_supported
-from .packed import from_gguf_tensor
+from ...errors import BadInput
+from .. import streamed
+from . import convert as gguf_in
+from .index import GgufIndex
+from .linear import from_gguf_tensor
+from .quants import check_supported
 
 # llama.cpp stores these archs' q/k rows with the two rotary halves of each head interleaved
 ROTARY_INTERLEAVED = {"llama"}

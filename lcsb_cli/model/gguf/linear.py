@@ -20,8 +20,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..errors import BadInput
-from .gguf_quants import check_supported, dequantize
+from ...errors import BadInput
+from .quants import check_supported, dequantize
 
 
 def _weight(packed: torch.Tensor, qtype: gguf.GGMLQuantizationType, cols: int, dtype: torch.dtype) -> torch.Tensor:

@@ -10,7 +10,7 @@ architectures checked here, and refuses in one line what transformers' model of 
 
 from __future__ import annotations
 
-from ..errors import BadInput
+from ...errors import BadInput
 
 # the GGUF architectures whose transformers config was checked against what llama.cpp reads from the metadata
 # (mistral files are llama); of those, the ones whose config takes head_dim (the others compute hidden_size / heads)

@@ -19,11 +19,11 @@ from pathlib import Path
 
 import torch
 
-from .. import atomic
-from ..errors import BadInput
-from ..runtime import stderr_to_log
-from .gguf_config import config_overrides
-from .gguf_index import GgufIndex
+from ... import atomic
+from ...errors import BadInput
+from ...runtime import stderr_to_log
+from .config import config_overrides
+from .index import GgufIndex
 
 MAGIC = b"GGUF"
 # written last into a conversion; its presence marks the entry complete

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import yaml
 
-from .errors import BadInput
-from .recipe_schema import MOVED_KEYS
+from ..errors import BadInput
+from .schema import MOVED_KEYS
 
 PATH_KEYS = ("data.train", "data.train_labels", "data.eval", "data.eval_labels", "lora.init")
 # a built-in name, or a path (a "/" in it, or a .gguf file)

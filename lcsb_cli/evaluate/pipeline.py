@@ -7,7 +7,7 @@ from pathlib import Path
 
 from ..data import format_of
 from ..recipe import Recipe
-from ..run.rundir import RunDir
+from ..rundir import RunDir
 from ..runtime import logging_into
 from .items import evaluate_items, predictions_file, silent, summary_row
 from .labels import lamp2_metrics, majority_accuracy

@@ -11,7 +11,7 @@ from __future__ import annotations
 import gguf
 import torch
 
-from ..errors import BadInput
+from ...errors import BadInput
 
 T = gguf.GGMLQuantizationType
 # Q4_K / Q5_K: the 12 bytes packing the 8 sub-blocks' 6-bit scales and mins, after the two f16s d and dmin

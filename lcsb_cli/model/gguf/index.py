@@ -17,7 +17,7 @@ from pathlib import Path
 import gguf
 import numpy as np
 
-from ..errors import BadInput
+from ...errors import BadInput
 
 V = gguf.GGUFValueType
 # the struct format of each fixed-size value type

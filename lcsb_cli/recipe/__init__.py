@@ -9,11 +9,11 @@ from pathlib import Path
 
 import yaml
 
-from .errors import BadInput
-from .host import choose_autocast, native_bf16_flag
-from .recipe_schema import ALL_LINEAR, COLUMN_ROLES, MOVED_KEYS, DataConfig, Recipe
-from .recipe_yaml import apply_override, build, choices_of, fields_of, resolve_paths
-from .window import parse_window
+from ..errors import BadInput
+from ..host import choose_autocast, native_bf16_flag
+from ..window import parse_window
+from .parse import apply_override, build, choices_of, fields_of, resolve_paths
+from .schema import ALL_LINEAR, COLUMN_ROLES, MOVED_KEYS, DataConfig, Recipe
 
 DATA_FILES = {
     "jsonl": "phone-collected labels, one JSON object a line",

@@ -1,0 +1,1 @@
+"""GGUF files: read, converted, trained as packed blocks, written; llama.cpp opened."""
