@@ -26,7 +26,7 @@ from lcsb_cli.evaluate.pipeline import run_eval
 from lcsb_cli.paths import recipe_file
 from lcsb_cli.recipe import load_recipe, replace_key
 from lcsb_cli.run import lineage
-from lcsb_cli.run.engine import train
+from lcsb_cli.run.entry import train
 from lcsb_cli.run.hooks import SilentReporter
 
 SAMPLE = Path(__file__).resolve().parent.parent / "recipes" / "data" / "personal" / "movies.jsonl"

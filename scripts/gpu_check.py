@@ -107,7 +107,7 @@ class Check:
 def train(check: Check, name: str, *overrides: str, steps: int | None = None) -> dict:
     """One `lcsb train` in this process: its summary and its losses."""
     from lcsb_cli.recipe import load_recipe
-    from lcsb_cli.run.engine import train as train_run
+    from lcsb_cli.run.entry import train as train_run
     from lcsb_cli.run.hooks import SilentReporter
     from lcsb_cli.rundir import read_metrics
 

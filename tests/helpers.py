@@ -14,8 +14,7 @@ from safetensors.torch import load_file
 from lcsb_cli.data import build_train_batches
 from lcsb_cli.model.load import load_model
 from lcsb_cli.recipe import load_recipe
-from lcsb_cli.run.engine import train
-from lcsb_cli.run.per_user import train_per_user
+from lcsb_cli.run.entry import train
 from lcsb_cli.rundir import read_metrics
 
 REPO = Path(__file__).resolve().parent.parent
@@ -111,8 +110,7 @@ class Quiet:
 
 def run_train(run_dir: Path, *overrides: str, resume: bool = False, force: bool = False, recipe: Path = LAMP2) -> dict:
     recipe = load_recipe(recipe, ["train.log_every=1", *overrides])
-    run = train_per_user if recipe.data.user == "all" else train
-    return run(recipe, run_dir, Quiet(), resume=resume, force=force)
+    return train(recipe, run_dir, Quiet(), resume=resume, force=force)
 
 
 def adapter_tensors(run_dir: Path) -> dict:

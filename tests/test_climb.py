@@ -63,7 +63,7 @@ def test_a_climb_returns_to_the_state_at_the_lowest_mean_loss(monkeypatch):
     for index in range(12):
         before.append(weights(trainer))
         row = trainer.step(index)
-        if trainer.guard.improved:
+        if trainer.divergence.guard.improved:
             lowest = index
         if "event" in row:
             break

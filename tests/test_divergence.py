@@ -33,7 +33,7 @@ def trainer_for(*overrides):
     recipe = load_recipe(LAMP2, ["train.warmup_steps=0", *overrides])
     trainer, loaded, _ = build_trainer(recipe)
     trainer.loss_fn = causal_lm_loss
-    trainer.good.take()
+    trainer.divergence.good.take()
     loaded.model.train()
     return trainer
 
@@ -126,14 +126,14 @@ def test_the_disk_snapshot_rewrites_only_the_parameters_that_moved():
         "method=lcsb", "lcsb.blocks=2", "lcsb.experimental.idle_update=none", "divergence.snapshot=disk"
     )
     written = [trainer.step(index)["snapshot_write_mb"] for index in range(4)]
-    whole = sum(t.nbytes for group in trainer.good.groups for t in group.values()) / 2**20
+    whole = sum(t.nbytes for group in trainer.divergence.good.groups for t in group.values()) / 2**20
     assert 0.3 * whole < written[3] < 0.7 * whole
     # the last step's update moved one block: written
-    trainer.good.take()
-    assert trainer.good.written_mb() > 0
+    trainer.divergence.good.take()
+    assert trainer.divergence.good.written_mb() > 0
     # nothing moved since
-    trainer.good.take()
-    assert trainer.good.written_mb() == 0
+    trainer.divergence.good.take()
+    assert trainer.divergence.good.written_mb() == 0
 
 
 def test_without_a_snapshot_a_divergence_stops_and_keeps_only_the_last_checkpoint(tmp_path, monkeypatch):

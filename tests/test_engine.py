@@ -13,6 +13,7 @@ from lcsb_cli.methods import FullBackprop, make_optimizer
 from lcsb_cli.model.load import load_model, lora_parameters
 from lcsb_cli.model.losses import causal_lm_loss
 from lcsb_cli.recipe import load_recipe
+from lcsb_cli.run.divergence import Divergence
 from lcsb_cli.run.trainer import Trainer
 from lcsb_cli.rundir import read_metrics
 
@@ -27,18 +28,18 @@ def make_trainer(*overrides, loss_fn=causal_lm_loss, optimizer_class=torch.optim
     batches = build_train_batches(recipe, loaded.tokenizer)
     loaded.model.train()
     return Trainer(
-        loaded.model,
-        params,
-        optimizer,
-        scheduler,
-        method,
-        batches,
-        CpuBackend(),
-        recipe.train.grad_accum,
-        recipe.train.max_grad_norm,
-        "none",
-        recipe.divergence,
-        loss_fn,
+        model=loaded.model,
+        params=params,
+        optimizer=optimizer,
+        lr_scheduler=scheduler,
+        method=method,
+        batches=batches,
+        backend=CpuBackend(),
+        grad_accum=recipe.train.grad_accum,
+        max_grad_norm=recipe.train.max_grad_norm,
+        autocast="none",
+        divergence=Divergence(recipe.divergence, params, optimizer, None),
+        loss_fn=loss_fn,
     ), loaded
 
 
@@ -237,7 +238,7 @@ def test_without_a_terminal_the_run_prints_plain_whole_lines(tmp_path):
     from rich.console import Console
 
     from lcsb_cli.display import SPARKS, RichReporter, number
-    from lcsb_cli.run.engine import train
+    from lcsb_cli.run.entry import train
 
     run_dir = tmp_path / "a-run-directory-with-a-long-name-so-the-header-would-wrap-at-eighty"
     with open(tmp_path / "log.txt", "w") as log:

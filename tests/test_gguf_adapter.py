@@ -28,7 +28,7 @@ from lcsb_cli.export import export_run
 from lcsb_cli.model import load as models
 from lcsb_cli.model.gguf import write as gguf_out
 from lcsb_cli.recipe import load_recipe
-from lcsb_cli.run.engine import train
+from lcsb_cli.run.entry import train
 
 # the module's runs are trained once, in one worker
 pytestmark = pytest.mark.xdist_group("gguf-adapter")

@@ -24,7 +24,7 @@ from lcsb_cli.model.gguf import convert as gguf_in
 from lcsb_cli.model.gguf.index import GgufIndex
 from lcsb_cli.recipe import load_recipe
 from lcsb_cli.recipe.schema import LoraConfig
-from lcsb_cli.run.engine import train
+from lcsb_cli.run.entry import train
 from lcsb_cli.run.hooks import SilentReporter
 from lcsb_cli.rundir import read_metrics
 

@@ -18,7 +18,7 @@ from helpers import REPO, adapter_tensors, assert_one_line_error, assert_same_te
 from lcsb_cli.model.gguf.linear import PackedLinear
 from lcsb_cli.model.load import load_model
 from lcsb_cli.recipe import load_recipe
-from lcsb_cli.run.engine import train
+from lcsb_cli.run.entry import train
 from lcsb_cli.run.hooks import SilentReporter
 from lcsb_cli.rundir import read_metrics
 

@@ -16,7 +16,7 @@ from lcsb_cli.backends import CpuBackend, base
 from lcsb_cli.errors import BadInput
 from lcsb_cli.recipe import load_recipe
 from lcsb_cli.recipe.schema import OvernightConfig
-from lcsb_cli.run.engine import train
+from lcsb_cli.run.entry import train
 from lcsb_cli.run.job import Job
 from lcsb_cli.window import parse_window
 

@@ -79,7 +79,7 @@ def test_bf16_on_an_emulating_cpu_is_warned_about(monkeypatch, tmp_path):
 def _trainer(*overrides):
     recipe = load_recipe(LAMP2, ["train.batch_size=2", "train.max_steps=4", *overrides])
     trainer, loaded, _ = build_trainer(recipe)
-    trainer.good.take()
+    trainer.divergence.good.take()
     loaded.model.train()
     return trainer, loaded.model
 

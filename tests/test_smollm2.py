@@ -20,7 +20,7 @@ from lcsb_cli.model import load as models
 from lcsb_cli.model.gguf import convert as gguf_in
 from lcsb_cli.model.losses import causal_lm_loss
 from lcsb_cli.recipe import load_recipe
-from lcsb_cli.run.engine import train
+from lcsb_cli.run.entry import train
 from lcsb_cli.run.trainer import target_tokens
 from lcsb_cli.rundir import read_metrics
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from lcsb_cli.model.memory import rss_mb
 from lcsb_cli.recipe import load_recipe
 from lcsb_cli.run.hooks import SilentReporter
-from lcsb_cli.run.per_user import train_per_user
+from lcsb_cli.run.entry import train
 
 class EachUser(SilentReporter):
     rss = []
@@ -29,7 +29,7 @@ class EachUser(SilentReporter):
         self.rss.append(rss_mb())
 
 recipe = load_recipe(Path(sys.argv[1]), sys.argv[2:])
-train_per_user(recipe, Path(recipe.output_dir), EachUser())
+train(recipe, Path(recipe.output_dir), EachUser())
 print(json.dumps(EachUser.rss))
 """
 

@@ -17,10 +17,10 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ..host import choose_autocast, host_kind
+from ..host import host_kind
 from ..methods import METHODS, Plan
 from ..model.shape import LayerShape
-from ..recipe import Recipe
+from ..recipe import Recipe, resolved_autocast
 from ..recipe.schema import ALL_LINEAR
 
 QKV = ("q_proj", "k_proj", "v_proj")
@@ -121,8 +121,7 @@ class StepFlops:
 def compute_dtype(recipe: Recipe, trainer_bf16: bool = False) -> str:
     """bfloat16 when the frozen products run in bf16: bf16 weights, bf16 autocast or hf-trainer's bf16=True
     (`trainer_bf16`)."""
-    autocast = choose_autocast(recipe.train.autocast, recipe.backend)[0]
-    bf16 = recipe.model.dtype == "bfloat16" or autocast == "bf16" or trainer_bf16
+    bf16 = recipe.model.dtype == "bfloat16" or resolved_autocast(recipe) == "bf16" or trainer_bf16
     return "bfloat16" if bf16 else "float32"
 
 

@@ -25,8 +25,7 @@ def lcsb_worker(conn, recipe_dict: dict) -> None:
 
     recipe = recipe_from_dict(recipe_dict)
     trainer, loaded, _ = build_trainer(recipe)
-    trainer.take_snapshots()
-    loaded.model.train()
+    trainer.begin()
     shape = ModelShape.of(loaded.model.config, recipe)
     flops = StepFlops(shape, plan_for(recipe, shape.layers))
     conn.send({"setup_mem_mb": peak_rss_mb()})

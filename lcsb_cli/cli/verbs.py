@@ -55,8 +55,7 @@ def train(
         os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
     from ..display import RichReporter
     from ..run.distributed import Nodes
-    from ..run.engine import train as train_one
-    from ..run.per_user import train_per_user
+    from ..run.entry import train as train_run
 
     loaded, autocast = with_autocast_chosen(load_recipe(recipe_file(recipe), overrides or []))
     if output is not None:
@@ -64,8 +63,7 @@ def train(
     if launching:
         nodes = Nodes(nnodes, node_rank, rdzv_endpoint, rdzv_id, rdzv_backend)
         sys.exit(_launch(loaded, recipe, overrides or [], nproc, nodes, resume, force))
-    run = train_per_user if loaded.data.user == "all" else train_one
-    summary = run(loaded, Path(loaded.output_dir), RichReporter(err, [autocast]), resume=resume, force=force)
+    summary = train_run(loaded, Path(loaded.output_dir), RichReporter(err, [autocast]), resume=resume, force=force)
     # checkpointed, yet `lcsb train ... && next` must not run on
     if summary.get("stopped") == "SIGINT":
         err.print(f"interrupted: checkpointed at step {summary.get('steps')}; continue with --resume", highlight=False)

@@ -292,6 +292,11 @@ def get_key(recipe: Recipe, dotted: str):
     return value
 
 
+def resolved_autocast(recipe: Recipe) -> str:
+    """The run's autocast, none | bf16: what `with_autocast_chosen`, the one place that decides, picks."""
+    return with_autocast_chosen(recipe)[0].train.autocast
+
+
 def with_autocast_chosen(recipe: Recipe) -> tuple[Recipe, str]:
     """The recipe with `train.autocast: auto` replaced by what it picks on this machine (so a run's config.yaml says
     what ran, and its resume on another host keeps it), and the line that says why. Another setting stays as it is;

@@ -221,3 +221,79 @@ def scale_lr(optimizer, lr_scheduler, factor: float) -> None:
     lr_scheduler.base_lrs = [lr * factor for lr in lr_scheduler.base_lrs]
     for group in optimizer.param_groups:
         group["lr"] *= factor
+
+
+class Divergence:
+    """Everything a step does about divergence, kept out of the step's body: the guard's verdict, the states a
+    divergence returns to (`good`: before the update that opened a run of spikes; `best`: at the lowest mean loss,
+    for a slow climb) and the recipe's action on a divergence."""
+
+    def __init__(self, cfg, params: list[torch.nn.Parameter], optimizer, snapshot_dir: Path | None):
+        self.cfg, self.params, self.optimizer = cfg, params, optimizer
+        self.guard = DivergenceGuard(cfg.spike_factor, cfg.patience, cfg.climb_nats, cfg.climb_window)
+        self.good = GoodState(params, optimizer, make_snapshot(cfg.snapshot, snapshot_dir))
+        # a climb returns to the state at the lowest mean loss (or the last checkpoint, when later)
+        best_dir = snapshot_dir / "best" if snapshot_dir is not None else None
+        climbs = cfg.climb_nats > 0 and cfg.snapshot != "none"
+        self.best = GoodState(params, optimizer, make_snapshot(cfg.snapshot if climbs else "none", best_dir))
+        # whether updates since the snapshot belong to the divergence being handled
+        self.suspect = False
+
+    def before_update(self, loss: float, grad_norm: float) -> str | None:
+        """The verdict on a backprop step's loss before its update; a clean step (or the first of a run of spikes)
+        first takes the state to return to."""
+        # updates of a run of spikes are in the weights
+        self.suspect = self.guard.spikes > 0
+        problem = self.guard.check(loss, grad_norm)
+        if problem is None:
+            if self.guard.spikes <= 1:
+                self.good.take()
+            if self.guard.improved:
+                self.best.take()
+        return problem
+
+    def after_update(self) -> str | None:
+        if all_finite(self.params):
+            return None
+        self.suspect = True
+        return "the update made the weights non-finite"
+
+    def before_zeroth_order_update(self) -> None:
+        if self.guard.spikes == 0:
+            self.good.take()
+        # the update is applied before its loss is judged
+        self.suspect = True
+
+    def after_zeroth_order_update(self, loss: float, grad_norm: float) -> str | None:
+        problem = self.guard.check(loss, grad_norm)
+        if problem is None and not all_finite(self.params):
+            problem = "the update made the weights non-finite"
+        if problem is None and self.guard.improved:
+            # the state after the update whose perturbed losses set the lowest mean
+            self.best.take()
+        return problem
+
+    def handle(self, problem: str, lr_scheduler) -> dict:
+        """Apply divergence.action. skip drops the updates the divergence made (a run of spikes, an update that
+        made the weights non-finite) by returning to the snapshot before them; a non-finite loss found before its
+        update leaves the weights as they are. rollback and stop always return to the snapshot, and rollback scales
+        the learning rate for the rest of the run; after a slow climb every action returns to the state at the
+        lowest mean loss (or the last checkpoint, when later). The LR and block schedules keep counting with the
+        data."""
+        action, kept = self.cfg.action, self.cfg.snapshot != "none"
+        if self.guard.climbed and kept:
+            self.best.restore()
+        elif (action != "skip" or self.suspect) and kept:
+            self.good.restore()
+        if action == "rollback":
+            scale_lr(self.optimizer, lr_scheduler, self.cfg.lr_backoff)
+            return {"event": "rollback", "reason": problem}
+        return {"event": "diverged", "reason": problem}
+
+    def take_snapshots(self) -> None:
+        self.good.take()
+        self.best.take()
+
+    def reset(self) -> None:
+        self.good.reset()
+        self.best.reset()

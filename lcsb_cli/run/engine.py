@@ -16,7 +16,6 @@ from ..backends import get_backend
 from ..data import TaskData, build_train_batches, load_task
 from ..display import Phases
 from ..errors import BadInput
-from ..host import choose_autocast
 from ..methods import build_method, check_layer_counts
 from ..model import adapter as adapters
 from ..model.load import load_model, lora_parameters
@@ -24,20 +23,21 @@ from ..model.losses import causal_lm_loss
 from ..model.memory import breakdown, peak_rss_mb, rebased
 from ..model.precision import prepare_for_autocast
 from ..objectives import build_objective
-from ..recipe import Recipe
+from ..recipe import Recipe, resolved_autocast
 from ..rundir import RunDir
 from ..rundir.summary import summarize
 from ..runtime import log_to
 from . import warm
 from .best import EARLY_STOPPING, BestWatch
 from .distributed import SINGLE, World
+from .divergence import Divergence
 from .hooks import Hook, Reporter, Run, SilentReporter, check_initial_loss, hooks_for
 from .job import Job, owned_job, write_report
 from .resume import resume_state, save_adapter
 from .trainer import Trainer
 
 
-def train(
+def train_adapter(
     recipe: Recipe,
     run_dir: Path,
     reporter: Reporter,
@@ -54,7 +54,7 @@ def train(
     Nothing in `run_dir` changes until every check and the whole set-up have passed.
     """
     if recipe.data.user == "all":
-        raise ValueError("engine.train trains one adapter; per_user.train_per_user runs data.user: all")
+        raise ValueError("train_adapter trains one adapter; run.entry.train runs data.user: all")
     recipe = warm.pinned(recipe, Path(run_dir), resume)
     request = RunRequest(recipe, Path(run_dir), resume, force, adapter_dir, task)
     try:
@@ -165,7 +165,7 @@ def build_trainer(
         loaded = load_model(recipe, backend.device)
     check_layer_counts(recipe, len(loaded.layers))
     # auto resolved once: the frozen weights' storage and every forward of the run (trainer.autocast) follow it
-    autocast = choose_autocast(recipe.train.autocast, recipe.backend)[0]
+    autocast = resolved_autocast(recipe)
     prepare_for_autocast(loaded.model, autocast, recipe)
     backend.prepare(loaded)
     task = load_task(recipe, loaded.tokenizer) if task is None else task
@@ -183,21 +183,20 @@ def build_trainer(
     )
     objective = build_objective(recipe)
     trainer = Trainer(
-        loaded.model,
-        params,
-        optimizer,
-        lr_scheduler,
-        method,
-        batches,
-        backend,
-        recipe.train.grad_accum,
-        recipe.train.max_grad_norm,
-        autocast,
-        recipe.divergence,
-        functools.partial(causal_lm_loss, probe=loaded.probe) if objective is None else objective.loss,
-        world,
-        snapshot_dir,
-        objective,
+        model=loaded.model,
+        params=params,
+        optimizer=optimizer,
+        lr_scheduler=lr_scheduler,
+        method=method,
+        batches=batches,
+        backend=backend,
+        grad_accum=recipe.train.grad_accum,
+        max_grad_norm=recipe.train.max_grad_norm,
+        autocast=autocast,
+        divergence=Divergence(recipe.divergence, params, optimizer, snapshot_dir),
+        loss_fn=functools.partial(causal_lm_loss, probe=loaded.probe) if objective is None else objective.loss,
+        world=world,
+        objective=objective,
     )
     return trainer, loaded, task
 
@@ -218,8 +217,7 @@ def _prepare_reference(trainer: Trainer, run_dir: Path, warm_start: bool, report
 
 def run_steps(run: Run, hooks: list[Hook]) -> None:
     """Step until max_steps, a stop (signal, window end, time limit) or a divergence that stops the run."""
-    run.trainer.take_snapshots()
-    run.loaded.model.train()
+    run.trainer.begin()
     run.done = run.first_step
     for hook in hooks:
         hook.at_start(run)

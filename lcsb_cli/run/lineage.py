@@ -31,7 +31,7 @@ from ..errors import BadInput
 from ..recipe import Recipe, dump, replace_key
 from ..rundir import RunDir
 from ..rundir.checkpoint import checkpoint_dirs
-from .engine import train
+from .engine import train_adapter
 
 FILES = ("train.jsonl", "held_out.jsonl")
 EMPTY = {"nights": [], "seen": [], "carried": [], "learned": [], "probe": [], "current": None, "watermark": None}
@@ -209,7 +209,7 @@ def _train_night(recipe: Recipe, run_dir: Path, reporter) -> dict:
         if not summary.get("stopped"):
             return summary
     resume = run.is_run() and bool(checkpoint_dirs(run.checkpoints))
-    return train(recipe, run_dir, reporter, resume=resume, force=not resume)
+    return train_adapter(recipe, run_dir, reporter, resume=resume, force=not resume)
 
 
 def _record(recipe, plan: dict, state: dict, before: dict, after: dict, summary: dict, night_dir: Path) -> dict:

@@ -14,7 +14,7 @@ from ..recipe import Recipe, replace_key
 from ..rundir import RunDir
 from ..rundir.summary import aggregate
 from .distributed import World
-from .engine import train
+from .engine import train_adapter
 from .hooks import SilentReporter
 from .job import Job, owned_job, write_report
 
@@ -53,7 +53,7 @@ def _train_users(recipe: Recipe, run: RunDir, reporter, resume: bool, job: Job, 
             # each user's summary holds its own peak, not the process's so far
             reset_peak_rss()
             user_recipe = replace_key(replace_key(recipe, "data.user", user_id), "overnight.report", False)
-            summary = train(
+            summary = train_adapter(
                 user_recipe,
                 sub.root,
                 user_reporter,

@@ -6,7 +6,6 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
@@ -16,9 +15,8 @@ from ..errors import BadInput
 from ..methods import Method
 from ..model.losses import causal_lm_loss
 from ..objectives import PreferenceObjective
-from ..recipe.schema import DivergenceConfig
 from .distributed import SINGLE, World
-from .divergence import DivergenceGuard, GoodState, all_finite, make_snapshot, scale_lr
+from .divergence import Divergence
 
 
 def target_tokens(batch: dict[str, torch.Tensor]) -> int:
@@ -39,30 +37,20 @@ class Trainer:
     backend: Backend
     grad_accum: int
     max_grad_norm: float
+    # none | bf16: train.autocast as the run's entry point resolved it
     autocast: str
-    # action, spike_factor, patience, lr_backoff
-    divergence: DivergenceConfig
+    # the guard, the states it returns to and the recipe's action (divergence.py)
+    divergence: Divergence
     loss_fn: Callable = causal_lm_loss
     # data parallel: the loss and the active block's gradients are summed over ranks
     world: World = SINGLE
-    # divergence.snapshot disk: where the rollback snapshot lives
-    snapshot_dir: Path | None = None
     # a preference objective (objectives/): the step's loss is its mean over examples, and its TRL-named metrics join
     # the row; None: sft, the loss per target token
     objective: PreferenceObjective | None = None
 
     def __post_init__(self):
-        cfg = self.divergence
-        self.guard = DivergenceGuard(cfg.spike_factor, cfg.patience, cfg.climb_nats, cfg.climb_window)
-        self.good = GoodState(self.params, self.optimizer, make_snapshot(cfg.snapshot, self.snapshot_dir))
-        # a climb returns to the state at the lowest mean loss (or the last checkpoint, when later)
-        best_dir = self.snapshot_dir / "best" if self.snapshot_dir is not None else None
-        climbs = cfg.climb_nats > 0 and cfg.snapshot != "none"
-        self.best = GoodState(self.params, self.optimizer, make_snapshot(cfg.snapshot if climbs else "none", best_dir))
         # event rows the backend raised (throttling, precision choice)
         self.notes: list[dict] = []
-        # whether updates since the snapshot belong to the divergence being handled
-        self.suspect = False
 
     def step(self, step: int) -> dict:
         """Run step number `step` (0-based) and return its metrics row."""
@@ -78,15 +66,15 @@ class Trainer:
             loss, grad_norm, problem, timing = self._zeroth_order_update(micro, n_targets, lr)
         else:
             loss, grad_norm, problem, timing = self._backprop_update(micro, n_targets, active)
-        outcome = self._handle(problem) if problem else {}
+        outcome = self.divergence.handle(problem, self.lr_scheduler) if problem else {}
         self.lr_scheduler.step()
         self.backend.synchronize()
         device_metrics, notes = self.backend.end_step()
         self.notes += notes
         elapsed = time.perf_counter() - start
         tokens = int(self.world.total(sum(int(b["attention_mask"].sum()) for b in micro)))
-        if self.divergence.snapshot == "disk":
-            device_metrics["snapshot_write_mb"] = self.good.written_mb()
+        if self.divergence.cfg.snapshot == "disk":
+            device_metrics["snapshot_write_mb"] = self.divergence.good.written_mb()
         return {
             "step": step + 1,
             "loss": loss,
@@ -105,6 +93,20 @@ class Trainer:
         }
 
     def _backprop_update(self, micro: list[dict], n_targets: int, active: int | None):
+        loss, timing = self._forward_backward(micro, n_targets)
+        communicated = self.world.sync_grads(self.params)
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, self.max_grad_norm or math.inf))
+        self.method.after_backward(active, grad_norm)
+        problem = self.divergence.before_update(loss, grad_norm)
+        if problem is None:
+            self.method.before_optimizer_step(active)
+            self.optimizer.step()
+            problem = self.divergence.after_update()
+        self.optimizer.zero_grad(set_to_none=True)
+        return loss, grad_norm, problem, {**timing, **communicated}
+
+    def _forward_backward(self, micro: list[dict], n_targets: int) -> tuple[float, dict]:
+        """The step's loss (summed over ranks, per target) with every micro-batch's gradients accumulated."""
         loss = torch.zeros((), device=self.backend.device)
         forward_s = backward_s = 0.0
         for batch in micro:
@@ -118,63 +120,23 @@ class Trainer:
             self.backend.synchronize()
             backward_s += time.perf_counter() - mark
             loss += summed.detach()
-        loss = self.world.total(float(loss)) / n_targets
-        communicated = self.world.sync_grads(self.params)
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, self.max_grad_norm or math.inf))
-        self.method.after_backward(active, grad_norm)
-        # updates of a run of spikes are in the weights
-        self.suspect = self.guard.spikes > 0
-        problem = self.guard.check(loss, grad_norm)
-        if problem is None:
-            if self.guard.spikes <= 1:
-                # before a clean step's update or the first spiking one: the state to return to
-                self.good.take()
-            if self.guard.improved:
-                self.best.take()
-            self.method.before_optimizer_step(active)
-            self.optimizer.step()
-            if not all_finite(self.params):
-                problem, self.suspect = "the update made the weights non-finite", True
-        self.optimizer.zero_grad(set_to_none=True)
-        return loss, grad_norm, problem, {"forward_s": forward_s, "backward_s": backward_s, **communicated}
+        return self.world.total(float(loss)) / n_targets, {"forward_s": forward_s, "backward_s": backward_s}
 
     def _zeroth_order_update(self, micro: list[dict], n_targets: int, lr: float):
         def loss_at() -> float:
             with self.backend.autocast(self.autocast):
                 return float(sum(self.loss_fn(self.model, batch) for batch in micro)) / n_targets
 
-        if self.guard.spikes == 0:
-            self.good.take()
-        # the update is applied before its loss is judged
-        self.suspect = True
+        self.divergence.before_zeroth_order_update()
         loss, grad_norm = self.method.zeroth_order_step(loss_at, lr)
-        problem = self.guard.check(loss, grad_norm)
-        if problem is None and not all_finite(self.params):
-            problem = "the update made the weights non-finite"
-        if problem is None and self.guard.improved:
-            # the state after the update whose perturbed losses set the lowest mean
-            self.best.take()
-        return loss, grad_norm, problem, {}
-
-    def _handle(self, problem: str) -> dict:
-        """Apply the divergence action. skip drops the updates the divergence made (a run of spikes, an update that
-        made the weights non-finite) by returning to the snapshot before them; a non-finite loss found before its
-        update leaves the weights as they are. rollback and stop always return to the snapshot, and rollback
-        scales the learning rate for the rest of the run; after a slow climb every action returns to the state at the
-        lowest mean loss (or the last checkpoint, when later). The LR and block schedules keep counting with the
-        data."""
-        action = self.divergence.action
-        if self.guard.climbed and self.divergence.snapshot != "none":
-            self.best.restore()
-        elif (action != "skip" or self.suspect) and self.divergence.snapshot != "none":
-            self.good.restore()
-        if action == "rollback":
-            scale_lr(self.optimizer, self.lr_scheduler, self.divergence.lr_backoff)
-            return {"event": "rollback", "reason": problem}
-        return {"event": "diverged", "reason": problem}
+        return loss, grad_norm, self.divergence.after_zeroth_order_update(loss, grad_norm), {}
 
     def state_dict(self) -> dict:
-        return {"guard": self.guard.state_dict(), "backend": self.backend.state_dict(), "world_size": self.world.size}
+        return {
+            "guard": self.divergence.guard.state_dict(),
+            "backend": self.backend.state_dict(),
+            "world_size": self.world.size,
+        }
 
     def load_state_dict(self, state: dict) -> None:
         saved = state.get("world_size", 1)
@@ -183,16 +145,20 @@ class Trainer:
                 f"--resume: the run was trained with {saved} process(es), this is {self.world.size}; "
                 f"resume with --nproc {saved}"
             )
-        self.guard.load_state_dict(state["guard"])
+        self.divergence.guard.load_state_dict(state["guard"])
         self.backend.load_state_dict(state["backend"])
-        self.good.reset()
-        self.best.reset()
+        self.divergence.reset()
+
+    def begin(self) -> None:
+        """Before the first step a process runs (the run's loop and the bench's workers alike): train mode, and the
+        states a divergence returns to taken."""
+        self.model.train()
+        self.take_snapshots()
 
     def take_snapshots(self) -> None:
         """At the start, at every checkpoint save and right after a resume: the states a divergence returns to are
         the current one, so a resumed run returns where an uninterrupted one does."""
-        self.good.take()
-        self.best.take()
+        self.divergence.take_snapshots()
 
     def take_notes(self) -> list[dict]:
         notes, self.notes = self.notes, []

@@ -21,8 +21,8 @@ import synthetic  # noqa: E402
 
 from lcsb_cli.model.memory import peak_rss_mb, reset_peak_rss, rss_mb  # noqa: E402
 from lcsb_cli.recipe import load_recipe  # noqa: E402
+from lcsb_cli.run.entry import train  # noqa: E402
 from lcsb_cli.run.hooks import SilentReporter  # noqa: E402
-from lcsb_cli.run.per_user import train_per_user  # noqa: E402
 
 
 class EachUser(SilentReporter):
@@ -53,7 +53,7 @@ def main(users: int, overrides: list[str]) -> None:
     paths = [f"data.{key}={data / name}" for key, name in _FILES.items()]
     recipe = load_recipe(REPO / "recipes" / "lamp2.yaml", [*paths, f"output_dir={data / 'run'}", *overrides])
     each = EachUser()
-    summary = train_per_user(recipe, Path(recipe.output_dir), each)
+    summary = train(recipe, Path(recipe.output_dir), each)
     print(json.dumps({"peaks": each.peaks, "ends": each.ends, "run_peak": summary["peak_mem_mb"]}))
 
 
