@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -134,3 +135,12 @@ def test_a_library_import_leaves_logging_and_warnings_to_the_entry_point():
     env = {k: v for k, v in os.environ.items() if k != "USE_HUB_KERNELS"}
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, check=True).stdout
     assert out.split() == ["True", "True", "True", "NO", "True", "True"]
+
+
+def test_architectures_layer_table_is_the_tests():
+    """docs/ARCHITECTURE.md's table of layers says what may import what; it must be this test's table."""
+    text = (PACKAGE.parent / "docs" / "ARCHITECTURE.md").read_text()
+    rows = re.findall(r"^\| (\d) \| (.+) \|$", text, flags=re.MULTILINE)
+    documented = [{name.strip().replace("\\_", "_") for name in names.split(",")} for _, names in rows]
+    assert [int(layer) for layer, _ in rows] == list(range(len(LAYERS)))
+    assert documented == LAYERS

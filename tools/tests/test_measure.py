@@ -1,6 +1,7 @@
 """The measurement tools (tools/measure/): the roofline guard's rows, step_times under its knobs, a projected night."""
 
 import importlib.util
+import json
 import math
 import os
 import subprocess
@@ -88,3 +89,31 @@ def test_a_projected_night_throttles_when_the_closed_form_says_and_then_pauses_a
     assert night["final_skin_c"] <= 42.0 + 0.1
     # pauses end at 40 C, above the clock's 37 C: half clock for the rest
     assert night["clock_restores"] == 0
+
+
+def test_call_path_finds_the_loop_on_the_stack_at_the_first_optimizer_step():
+    proc = subprocess.run(
+        [sys.executable, str(MEASURE / "call_path.py")], capture_output=True, text=True, cwd=REPO, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr
+    found = json.loads(proc.stdout.splitlines()[-1])
+    assert found["stack"][-1] == "run/trainer.py:Trainer._backprop_update"
+    assert "run/entry.py:train" in found["stack"] and found["stack_files"] == len(
+        {s.split(":")[0] for s in found["stack"]}
+    )
+    assert found["setup_functions"] > found["stack_functions"]
+
+
+def test_user_memory_gives_each_users_peak_and_the_runs():
+    proc = subprocess.run(
+        [sys.executable, str(MEASURE / "user_memory.py"), "2", "train.max_steps=1", "overnight.report=false"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    found = json.loads(proc.stdout.splitlines()[-1])
+    # each user's, then the run's own end
+    assert len(found["peaks"]) == len(found["ends"]) == 3
+    assert found["run_peak"] >= max(found["peaks"][:2]) > 0
