@@ -29,7 +29,6 @@ def preference_metrics(model, items: list[dict], pad_id: int, recipe: Recipe, ph
         for i in range(0, len(items), size):
             yield {k: v.to(device) for k, v in collate(items[i : i + size], pad_id).items()}
 
-    model.eval()
     adapter = compute_reference(model, objective.logps, batches(), len(items), False, phase)
     has_adapter = hasattr(model, "disable_adapter")
     base = compute_reference(model, objective.logps, batches(), len(items), True, phase) if has_adapter else adapter

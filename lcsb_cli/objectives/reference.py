@@ -17,6 +17,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from ..errors import BadInput
+from ..model.load import inference_mode
 
 REFERENCE_FILE = "reference.safetensors"
 
@@ -34,10 +35,11 @@ def compute_reference(
     use_base: bool,
     phase=no_progress,
 ) -> torch.Tensor:
-    """[examples, 2] float32 log-probs of every batch's examples (each batch names its rows by `index`)."""
+    """[examples, 2] float32 log-probs of every batch's examples (each batch names its rows by `index`), in eval mode
+    without gradients (`inference_mode`, which keeps bitsandbytes from repacking 4-bit weights for inference)."""
     table = torch.full((examples, 2), float("nan"))
     switch = model.disable_adapter() if use_base else contextlib.nullcontext()
-    with torch.no_grad(), switch, phase("reference log-probs", examples) as advance:
+    with inference_mode(model), switch, phase("reference log-probs", examples) as advance:
         for batch in batches:
             table[batch["index"].cpu()] = logps_of(model, batch).float().cpu().T
             advance(len(batch["index"]))
