@@ -27,7 +27,7 @@ from lcsb_cli.paths import recipe_file
 from lcsb_cli.recipe import load_recipe, replace_key
 from lcsb_cli.run import lineage
 from lcsb_cli.run.entry import train
-from lcsb_cli.run.hooks import SilentReporter
+from lcsb_cli.run.hooks import SilentDisplay
 
 SAMPLE = Path(__file__).resolve().parent.parent / "recipes" / "data" / "personal" / "movies.jsonl"
 DAYS = 7
@@ -83,7 +83,7 @@ def lineage_night(recipe, data: Path, out: Path, night: int, name: str) -> dict:
     served_before = lineage.read_state(root)["current"]
     night_recipe = replace_key(recipe, "data.train", str(data / f"upto-{night}.jsonl"))
     start = time.perf_counter()
-    record = lineage.night(night_recipe, root, SilentReporter())
+    record = lineage.night(night_recipe, root, SilentDisplay())
     total = time.perf_counter() - start
     current = lineage.read_state(root)["current"]
     row = score(recipe, data, out, night, None if current is None else root / current, name)
@@ -108,7 +108,7 @@ def scratch_night(recipe, data: Path, out: Path, night: int, passes: float) -> d
     )
     run_dir = out / "scratch" / f"night-{night}"
     start = time.perf_counter()
-    summary = train(run_recipe, run_dir, SilentReporter(), force=True)
+    summary = train(run_recipe, run_dir, SilentDisplay(), force=True)
     total = time.perf_counter() - start
     row = score(recipe, data, out, night, run_dir / "adapter", "scratch")
     return {

@@ -23,7 +23,7 @@ def sparkline(values) -> str:
     return "".join(SPARKS[min(int((v - low) / span * len(SPARKS)), len(SPARKS) - 1)] for v in values)
 
 
-class RichReporter:
+class RichDisplay:
     """A live progress bar on a terminal (loss trend, lr, tok/s, memory, active block); without one, plain
     mlx-lm-style lines (no glyphs, no wrapping). Held-out rows (train.eval_every) print as lines either way."""
 

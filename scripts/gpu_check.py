@@ -108,12 +108,12 @@ def train(check: Check, name: str, *overrides: str, steps: int | None = None) ->
     """One `lcsb train` in this process: its summary and its losses."""
     from lcsb_cli.recipe import load_recipe
     from lcsb_cli.run.entry import train as train_run
-    from lcsb_cli.run.hooks import SilentReporter
+    from lcsb_cli.run.hooks import SilentDisplay
     from lcsb_cli.rundir import read_metrics
 
     run_dir = check.work / "runs" / name
     recipe = load_recipe(check.recipe, check.overrides(*overrides, steps=steps))
-    summary = train_run(recipe, run_dir, SilentReporter(), force=True)
+    summary = train_run(recipe, run_dir, SilentDisplay(), force=True)
     losses = [row["loss"] for row in read_metrics(run_dir / "metrics.jsonl") if "loss" in row]
     return {"losses": losses, "peak_mem_mb": summary.get("peak_mem_mb"), "step_s": summary.get("median_step_time_s")}
 

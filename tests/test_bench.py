@@ -320,7 +320,7 @@ def test_equal_time_gives_each_method_full_backprops_time_within_one_step():
     for worker in workers.values():
         # a slow untimed warm-up step is not counted
         worker.rows.append({"loss": 9.0, "step_time_s": 50.0})
-    _equal_time(workers, steps=10, warmup=warmup, reporter=None)
+    _equal_time(workers, steps=10, warmup=warmup, display=None)
 
     spent = {name: sum(r["step_time_s"] for r in w.rows[warmup:]) for name, w in workers.items()}
     taken = {name: len(w.rows) - warmup for name, w in workers.items()}

@@ -237,13 +237,13 @@ def test_other_runtime_errors_are_not_disguised_as_memory_errors(tmp_path, monke
 def test_without_a_terminal_the_run_prints_plain_whole_lines(tmp_path):
     from rich.console import Console
 
-    from lcsb_cli.display import SPARKS, RichReporter, number
+    from lcsb_cli.display import SPARKS, RichDisplay, number
     from lcsb_cli.run.entry import train
 
     run_dir = tmp_path / "a-run-directory-with-a-long-name-so-the-header-would-wrap-at-eighty"
     with open(tmp_path / "log.txt", "w") as log:
         console = Console(file=log, width=80, force_terminal=False)
-        summary = train(load_recipe(LAMP2, ["train.max_steps=4", "train.eval_every=4"]), run_dir, RichReporter(console))
+        summary = train(load_recipe(LAMP2, ["train.max_steps=4", "train.eval_every=4"]), run_dir, RichDisplay(console))
     lines = (tmp_path / "log.txt").read_text().splitlines()
     # the header is one line
     assert any(line.endswith(f"-> {run_dir}") for line in lines)

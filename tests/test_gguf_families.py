@@ -25,7 +25,7 @@ from lcsb_cli.model.gguf.index import GgufIndex
 from lcsb_cli.recipe import load_recipe
 from lcsb_cli.recipe.schema import LoraConfig
 from lcsb_cli.run.entry import train
-from lcsb_cli.run.hooks import SilentReporter
+from lcsb_cli.run.hooks import SilentDisplay
 from lcsb_cli.rundir import read_metrics
 
 # its own worker: the files and their conversions are built once, under locks, in the session's cache
@@ -67,7 +67,7 @@ def _first_losses(tmp_path: Path, source: Path) -> tuple[list[dict], list[dict]]
     for kind, steps in (("gguf", 2), ("none", 1)):
         overrides = [f"model.name={source}", f"quantization={kind}", f"train.max_steps={steps}"]
         recipe = load_recipe(LAMP2, [*SHORT, *overrides])
-        train(recipe, tmp_path / kind, SilentReporter())
+        train(recipe, tmp_path / kind, SilentDisplay())
         runs[kind] = read_metrics(tmp_path / kind / "metrics.jsonl")
     return runs["gguf"], runs["none"]
 

@@ -19,7 +19,7 @@ from lcsb_cli.model.gguf.linear import PackedLinear
 from lcsb_cli.model.load import load_model
 from lcsb_cli.recipe import load_recipe
 from lcsb_cli.run.entry import train
-from lcsb_cli.run.hooks import SilentReporter
+from lcsb_cli.run.hooks import SilentDisplay
 from lcsb_cli.rundir import read_metrics
 
 # its own worker (the session cache converts each base once, under a lock), beside test_smollm2.py's
@@ -70,7 +70,7 @@ def test_a_packed_run_follows_the_run_on_the_dequantized_weights_step_by_step(tm
     runs = {}
     for kind in ("gguf", "none"):
         recipe = load_recipe(SMOL, [*SHORT, f"quantization={kind}", f"method={method}", "train.max_steps=4"])
-        train(recipe, tmp_path / kind, SilentReporter())
+        train(recipe, tmp_path / kind, SilentDisplay())
         runs[kind] = read_metrics(tmp_path / kind / "metrics.jsonl")
     packed, dense = runs["gguf"], runs["none"]
     assert [r["active_block"] for r in packed] == [r["active_block"] for r in dense]
@@ -87,7 +87,7 @@ def test_under_bf16_autocast_a_packed_run_trains_and_starts_where_the_dense_run_
     runs = {}
     for kind in ("gguf", "none"):
         overrides = [f"quantization={kind}", "train.max_steps=3", "train.autocast=bf16"]
-        train(load_recipe(SMOL, [*SHORT, *overrides]), tmp_path / kind, SilentReporter())
+        train(load_recipe(SMOL, [*SHORT, *overrides]), tmp_path / kind, SilentDisplay())
         runs[kind] = read_metrics(tmp_path / kind / "metrics.jsonl")
     packed, dense = runs["gguf"], runs["none"]
     assert len(packed) == 3 and all(math.isfinite(r["loss"]) for r in packed)
@@ -114,7 +114,7 @@ def _train(run_dir, *extra: str) -> list[str]:
 def test_kill_9_then_resume_on_the_packed_base_is_bit_identical(tmp_path):
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     reference = tmp_path / "reference"
-    train(load_recipe(SMOL, [*SHORT, "quantization=gguf", "train.max_steps=6"]), reference, SilentReporter())
+    train(load_recipe(SMOL, [*SHORT, "quantization=gguf", "train.max_steps=6"]), reference, SilentDisplay())
 
     killed = tmp_path / "killed"
     kill_after_step(subprocess.Popen(_train(killed), cwd=REPO, env=env, stderr=subprocess.PIPE, text=True), killed, 3)
@@ -137,7 +137,7 @@ def test_npu_sim_reads_the_packed_base_into_the_same_residents_as_the_dequantize
     rows = {}
     for kind in ("gguf", "none"):
         recipe = load_recipe(SMOL, [*SHORT, f"quantization={kind}", "backend=npu-sim", "train.max_steps=2"])
-        train(recipe, tmp_path / kind, SilentReporter())
+        train(recipe, tmp_path / kind, SilentDisplay())
         rows[kind] = read_metrics(tmp_path / kind / "metrics.jsonl")
     assert [r["loss"] for r in rows["gguf"]] == [r["loss"] for r in rows["none"]]
     assert all(r["sim_step_time_s"] > 0 for r in rows["gguf"])

@@ -138,9 +138,9 @@ def test_kill_9_during_training_then_the_same_command_ends_identical(days, tmp_p
 def _night_args(root, data):
     from lcsb_cli.paths import recipe_file
     from lcsb_cli.recipe import load_recipe
-    from lcsb_cli.run.hooks import SilentReporter
+    from lcsb_cli.run.hooks import SilentDisplay
 
-    return load_recipe(recipe_file("overnight"), [f"data.train={data}", *ARGS]), root, SilentReporter()
+    return load_recipe(recipe_file("overnight"), [f"data.train={data}", *ARGS]), root, SilentDisplay()
 
 
 def test_items_after_the_watermark_are_new_and_an_unseen_older_line_is_late(days):

@@ -18,10 +18,10 @@ import json, sys
 from pathlib import Path
 from lcsb_cli.model.memory import rss_mb
 from lcsb_cli.recipe import load_recipe
-from lcsb_cli.run.hooks import SilentReporter
+from lcsb_cli.run.hooks import SilentDisplay
 from lcsb_cli.run.entry import train
 
-class EachUser(SilentReporter):
+class EachUser(SilentDisplay):
     rss = []
     def for_user(self, user_id):
         return self

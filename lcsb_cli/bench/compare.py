@@ -58,7 +58,7 @@ def run_bench(
     warmup: int,
     output: Path,
     evaluate: bool,
-    reporter=None,
+    display=None,
     seeds: int = 1,
     budget: str = "equal-steps",
 ) -> dict:
@@ -77,7 +77,7 @@ def run_bench(
         seeded = replace_key(recipe, "train.seed", seed)
         recipes = {name: method_recipe(seeded, name, warmup + steps) for name in names}
         adapters = output / "adapters" / f"seed-{seed}" if evaluate else None
-        shown = reporter and (lambda name, row, seed=seed: reporter(f"seed {seed} {name}", row))
+        shown = display and (lambda name, row, seed=seed: display(f"seed {seed} {name}", row))
         session, probed = run_session(recipes, steps, warmup, budget, evaluate, adapters, shown, probe is None)
         # measured once, before the first seed's steps
         probe = probe or probed

@@ -45,7 +45,7 @@ def run_session(
     budget: str,
     evaluate: bool,
     adapters: Path | None,
-    reporter=None,
+    display=None,
     probe: bool = False,
 ) -> tuple[dict[str, dict], dict | None]:
     """Each method's step rows, eval (with `evaluate`; its adapter saved under `adapters`) and memory breakdown;
@@ -57,14 +57,14 @@ def run_session(
             worker.setup = worker.receive()
         limits = next(iter(workers.values())).ask("roofline", None) if probe else None
         for _ in range(warmup):
-            _round(workers.values(), reporter)
+            _round(workers.values(), display)
         if budget == "equal-steps":
             for _ in range(steps):
-                _round(workers.values(), reporter)
+                _round(workers.values(), display)
         else:
-            _equal_time(workers, steps, warmup, reporter)
+            _equal_time(workers, steps, warmup, display)
         memory = {name: worker.ask("memory", None) for name, worker in workers.items()}
-        evals = {name: _evaluate(worker, adapters, reporter) if evaluate else None for name, worker in workers.items()}
+        evals = {name: _evaluate(worker, adapters, display) if evaluate else None for name, worker in workers.items()}
     finally:
         for worker in workers.values():
             worker.close()
@@ -74,13 +74,13 @@ def run_session(
     }, limits
 
 
-def _equal_time(workers: dict, steps: int, warmup: int, reporter) -> None:
+def _equal_time(workers: dict, steps: int, warmup: int, display) -> None:
     """Full backprop takes `steps` timed steps; every other method steps while its timed steps' total is under the
     target, full backprop's total (projected from its median until it is done), so each ends within one step of it.
     After a short probe each method's LR schedule is stretched to the steps its median predicts."""
     full = workers[BASELINE]
     for _ in range(min(PROBE_STEPS, steps)):
-        _round(workers.values(), reporter)
+        _round(workers.values(), display)
     predicted = steps * _median_step(full, warmup)
     for name, worker in workers.items():
         if name != BASELINE:
@@ -91,16 +91,16 @@ def _equal_time(workers: dict, steps: int, warmup: int, reporter) -> None:
         going = [w for name, w in workers.items() if (done < steps if name == BASELINE else _spent(w, warmup) < target)]
         if not going:
             return
-        _round(going, reporter)
+        _round(going, display)
 
 
-def _round(workers, reporter) -> None:
+def _round(workers, display) -> None:
     # interleaved: A B C A B C ...
     for worker in workers:
         row = worker.ask("step", len(worker.rows))
         worker.rows.append(row)
-        if reporter:
-            reporter(worker.name, row)
+        if display:
+            display(worker.name, row)
 
 
 def _spent(worker, warmup: int) -> float:
@@ -111,9 +111,9 @@ def _median_step(worker, warmup: int) -> float:
     return statistics.median(row["step_time_s"] for row in worker.rows[warmup:])
 
 
-def _evaluate(worker, adapters: Path | None, reporter) -> dict:
-    if reporter:
-        reporter(worker.name, None)
+def _evaluate(worker, adapters: Path | None, display) -> dict:
+    if display:
+        display(worker.name, None)
     if adapters is not None:
         worker.ask("save", str(adapters / adapter_dir_name(worker.name)))
     return worker.ask("eval", None)

@@ -28,7 +28,7 @@ def night(
     A night cut short (window end, SIGTERM, kill -9) continues when the command runs again. The lineage dir works as
     a run dir for eval, generate, chat and export (its adapter is the promoted one). Example, from cron:
     `30 1 * * * lcsb night recipes/overnight.yaml -o ~/lcsb/alex`."""
-    from ..display import RichReporter
+    from ..display import RichDisplay
     from ..run.lineage import night as run_night
     from ..run.lineage import nights_per_user
 
@@ -37,12 +37,12 @@ def night(
     overrides = [o for o in overrides or [] if o != PER_USER]
     loaded, autocast = with_autocast_chosen(load_recipe(recipe_file(recipe), overrides))
     root = Path(output if output is not None else loaded.output_dir)
-    reporter = RichReporter(err, [autocast])
+    display = RichDisplay(err, [autocast])
     if per_user:
-        for user, record in nights_per_user(loaded, root, reporter).items():
+        for user, record in nights_per_user(loaded, root, display).items():
             _say(record, root / "users" / user, f"{user}: ")
     else:
-        _say(run_night(loaded, root, reporter), root, "")
+        _say(run_night(loaded, root, display), root, "")
 
 
 PER_USER = "data.user=all"

@@ -53,7 +53,7 @@ def train(
     if launching:
         # read as torch loads; torchrun's agent runs here: c10d's warnings (with frame dumps) would bury the errors
         os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
-    from ..display import RichReporter
+    from ..display import RichDisplay
     from ..run.distributed import Nodes
     from ..run.entry import train as train_run
 
@@ -63,7 +63,7 @@ def train(
     if launching:
         nodes = Nodes(nnodes, node_rank, rdzv_endpoint, rdzv_id, rdzv_backend)
         sys.exit(_launch(loaded, recipe, overrides or [], nproc, nodes, resume, force))
-    summary = train_run(loaded, Path(loaded.output_dir), RichReporter(err, [autocast]), resume=resume, force=force)
+    summary = train_run(loaded, Path(loaded.output_dir), RichDisplay(err, [autocast]), resume=resume, force=force)
     # checkpointed, yet `lcsb train ... && next` must not run on
     if summary.get("stopped") == "SIGINT":
         err.print(f"interrupted: checkpointed at step {summary.get('steps')}; continue with --resume", highlight=False)

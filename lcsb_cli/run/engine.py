@@ -31,7 +31,7 @@ from . import warm
 from .best import EARLY_STOPPING, BestWatch
 from .distributed import SINGLE, World
 from .divergence import Divergence
-from .hooks import Hook, Reporter, Run, SilentReporter, check_initial_loss, hooks_for
+from .hooks import Display, Hook, Run, SilentDisplay, check_initial_loss, hooks_for
 from .job import Job, owned_job, write_report
 from .resume import resume_state, save_adapter
 from .trainer import Trainer
@@ -40,7 +40,7 @@ from .trainer import Trainer
 def train_adapter(
     recipe: Recipe,
     run_dir: Path,
-    reporter: Reporter,
+    display: Display,
     resume: bool = False,
     force: bool = False,
     adapter_dir: Path | None = None,
@@ -60,9 +60,9 @@ def train_adapter(
     try:
         # a user's run inside a per-user job: the job's owner waited for the window
         if job is not None:
-            return _train(request, reporter, job, SINGLE, owner=False)
+            return _train(request, display, job, SINGLE, owner=False)
         with owned_job(recipe, request.run_dir) as (job, world):
-            return _train(request, reporter if world.is_main else SilentReporter(), job, world, owner=True)
+            return _train(request, display if world.is_main else SilentDisplay(), job, world, owner=True)
     finally:
         # the run's log file closes with the run
         log_to(None)
@@ -80,7 +80,7 @@ class RunRequest:
     task: TaskData | None
 
 
-def _train(request: RunRequest, reporter: Reporter, job: Job, world: World, owner: bool) -> dict:
+def _train(request: RunRequest, display: Display, job: Job, world: World, owner: bool) -> dict:
     started = time.perf_counter()
     recipe, run_dir = request.recipe, request.run_dir
 
@@ -90,7 +90,7 @@ def _train(request: RunRequest, reporter: Reporter, job: Job, world: World, owne
         if recipe.lora.init is not None and not request.resume:
             warm.start_from(recipe, loaded.model)
         if trainer.objective is not None:
-            _prepare_reference(trainer, run_dir, recipe.lora.init is not None, reporter)
+            _prepare_reference(trainer, run_dir, recipe.lora.init is not None, display)
         first_step, wall_before, notes, best = resume_state(run_dir, trainer) if request.resume else (0, 0.0, [], None)
         run = Run(
             recipe,
@@ -99,7 +99,7 @@ def _train(request: RunRequest, reporter: Reporter, job: Job, world: World, owne
             loaded,
             task_data,
             job,
-            reporter,
+            display,
             request.adapter_dir or RunDir(run_dir).adapter,
             first_step,
             wall_before,
@@ -120,7 +120,7 @@ def _train(request: RunRequest, reporter: Reporter, job: Job, world: World, owne
 
 def _run_claimed(run: Run) -> dict:
     """The run once its dir is claimed: before-eval of an overnight job, the loop, the finish."""
-    run.reporter.on_start(
+    run.display.on_start(
         {
             "recipe": run.recipe,
             "run_dir": run.run_dir,
@@ -143,7 +143,7 @@ def _run_claimed(run: Run) -> dict:
         run.log.close(None)
         raise
     run.log.close(summary)
-    run.reporter.on_end(summary)
+    run.display.on_end(summary)
     # no rank leaves before rank 0 has written the run's files
     run.world.barrier()
     if run.diverged:
@@ -201,7 +201,7 @@ def build_trainer(
     return trainer, loaded, task
 
 
-def _prepare_reference(trainer: Trainer, run_dir: Path, warm_start: bool, reporter: Reporter) -> None:
+def _prepare_reference(trainer: Trainer, run_dir: Path, warm_start: bool, display: Display) -> None:
     """The preference objective's reference log-probs, before step 1: read back from the run dir, or computed over
     every training example in batches of train.batch_size (a progress bar), under the run's autocast."""
     stream, backend = trainer.batches, trainer.backend
@@ -210,7 +210,7 @@ def _prepare_reference(trainer: Trainer, run_dir: Path, warm_start: bool, report
         {k: v.to(backend.device) for k, v in stream.collate_fn(rows[i : i + size], stream.pad_id).items()}
         for i in range(0, len(rows), size)
     )
-    phase = Phases(reporter.console) if hasattr(reporter, "console") else None
+    phase = Phases(display.console) if hasattr(display, "console") else None
     with backend.autocast(trainer.autocast):
         trainer.objective.prepare(trainer.model, batches, len(rows), run_dir, warm_start, phase)
 

@@ -9,9 +9,9 @@ from .engine import train_adapter
 from .per_user import train_per_user
 
 
-def train(recipe: Recipe, run_dir: Path, reporter, resume: bool = False, force: bool = False) -> dict:
+def train(recipe: Recipe, run_dir: Path, display, resume: bool = False, force: bool = False) -> dict:
     """Resolve `train.autocast: auto` (the one place it is resolved: config.yaml records the choice, and every
     part of the run reads it), then train one adapter, or one per user when `data.user` is all."""
     recipe, _ = with_autocast_chosen(recipe)
     run = train_per_user if recipe.data.user == "all" else train_adapter
-    return run(recipe, Path(run_dir), reporter, resume=resume, force=force)
+    return run(recipe, Path(run_dir), display, resume=resume, force=force)

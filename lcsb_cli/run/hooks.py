@@ -31,13 +31,13 @@ from .trackers import MetricsLog, open_trackers
 from .trainer import Trainer
 
 
-class Reporter(Protocol):
+class Display(Protocol):
     def on_start(self, info: dict) -> None: ...
     def on_step(self, row: dict) -> None: ...
     def on_end(self, summary: dict) -> None: ...
 
 
-class SilentReporter:
+class SilentDisplay:
     """Ranks other than 0 show nothing."""
 
     def on_start(self, info: dict) -> None:
@@ -61,7 +61,7 @@ class Run:
     # training and held-out items (periodic eval, the before/after report)
     task: TaskData
     job: Job
-    reporter: Reporter
+    display: Display
     adapter_dir: Path
     # the checkpoint's step when resuming
     first_step: int = 0
@@ -140,7 +140,7 @@ class JobControl(Hook):
 
 class StepLog(Hook):
     """Rank 0: opens metrics.jsonl and writes the resume's notes; then every log_every-th row, the last and any with
-    an event, shown by the reporter too, and the backend's event rows beside them."""
+    an event, shown by the display too, and the backend's event rows beside them."""
 
     def at_start(self, run: Run) -> None:
         layout = RunDir(run.run_dir)
@@ -153,7 +153,7 @@ class StepLog(Hook):
         cfg = run.recipe.train
         if run.done % cfg.log_every == 0 or run.done == cfg.max_steps or "event" in row:
             run.log.write(row)
-            run.reporter.on_step(row)
+            run.display.on_step(row)
         for note in run.trainer.take_notes():
             run.log.write(note)
 
@@ -232,7 +232,7 @@ class PeriodicEval(Hook):
             metrics = run.held_out_metrics(loss_only=run.recipe.train.eval_metrics == "loss" and not last)
             row = {"step": done, **{name: metrics[key] for key, name in self.NAMES.items() if key in metrics}}
             run.log.write(row)
-            run.reporter.on_step(row)
+            run.display.on_step(row)
             run.held_out = row
 
 
@@ -255,7 +255,7 @@ class KeepBest(Hook):
             run.stopped = EARLY_STOPPING
             stop = {"step": run.done, "event": EARLY_STOPPING, "reason": run.watch.reason()}
             run.log.write(stop)
-            run.reporter.on_step(stop)
+            run.display.on_step(stop)
 
 
 class Checkpointer(Hook):

@@ -37,7 +37,7 @@ FILES = ("train.jsonl", "held_out.jsonl")
 EMPTY = {"nights": [], "seen": [], "carried": [], "learned": [], "probe": [], "current": None, "watermark": None}
 
 
-def night(recipe: Recipe, root: Path, reporter) -> dict:
+def night(recipe: Recipe, root: Path, display) -> dict:
     """Run tonight's night of the lineage in `root` (or finish an interrupted one); returns its record, or a record
     with `new: 0` when no item came in."""
     _check(recipe)
@@ -56,7 +56,7 @@ def night(recipe: Recipe, root: Path, reporter) -> dict:
     _write_plan(root, night_dir, plan, data.examples)
     night_recipe = _night_recipe(recipe, root, night_dir, state, data.labels)
     before = _scores(night_recipe, root, night_dir, "before", _adapter(root, state["current"]))
-    summary = _train_night(night_recipe, night_dir / "run", reporter)
+    summary = _train_night(night_recipe, night_dir / "run", display)
     if summary.get("stopped"):
         return {"night": plan["night"], "stopped": summary["stopped"]}
     after = _scores(night_recipe, root, night_dir, "after", night_dir / "run" / "adapter")
@@ -68,7 +68,7 @@ def night(recipe: Recipe, root: Path, reporter) -> dict:
     return record
 
 
-def nights_per_user(recipe: Recipe, root: Path, reporter) -> dict:
+def nights_per_user(recipe: Recipe, root: Path, display) -> dict:
     """`data.user: all`: tonight's night of every user's lineage, in root/users/ID (each a lineage dir), one user
     after another over the same label set; returns each user's record."""
     data = load_personal(recipe.data.train, recipe.data.on_bad_line, recipe.data.labels)
@@ -79,9 +79,7 @@ def nights_per_user(recipe: Recipe, root: Path, reporter) -> dict:
         if user in (".", "..") or Path(user).name != user:
             raise BadInput(f"lcsb night: user id {user!r} cannot name a lineage dir (users/ID); rename it in the data")
     recipe = replace_key(recipe, "data.labels", list(data.labels))
-    return {
-        user: night(replace_key(recipe, "data.user", user), Path(root) / "users" / user, reporter) for user in users
-    }
+    return {user: night(replace_key(recipe, "data.user", user), Path(root) / "users" / user, display) for user in users}
 
 
 def read_state(root: Path) -> dict:
@@ -201,7 +199,7 @@ def _scores(recipe: Recipe, root: Path, night_dir: Path, phase: str, adapter: Pa
     return scores
 
 
-def _train_night(recipe: Recipe, run_dir: Path, reporter) -> dict:
+def _train_night(recipe: Recipe, run_dir: Path, display) -> dict:
     """The night's run: finished (its summary), resumed from its checkpoint, or started afresh."""
     run = RunDir(run_dir)
     if run.summary.is_file():
@@ -209,7 +207,7 @@ def _train_night(recipe: Recipe, run_dir: Path, reporter) -> dict:
         if not summary.get("stopped"):
             return summary
     resume = run.is_run() and bool(checkpoint_dirs(run.checkpoints))
-    return train_adapter(recipe, run_dir, reporter, resume=resume, force=not resume)
+    return train_adapter(recipe, run_dir, display, resume=resume, force=not resume)
 
 
 def _record(recipe, plan: dict, state: dict, before: dict, after: dict, summary: dict, night_dir: Path) -> dict:

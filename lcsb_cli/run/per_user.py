@@ -15,11 +15,11 @@ from ..rundir import RunDir
 from ..rundir.summary import aggregate
 from .distributed import World
 from .engine import train_adapter
-from .hooks import SilentReporter
+from .hooks import SilentDisplay
 from .job import Job, owned_job, write_report
 
 
-def train_per_user(recipe: Recipe, run_dir: Path, reporter, resume: bool = False, force: bool = False) -> dict:
+def train_per_user(recipe: Recipe, run_dir: Path, display, resume: bool = False, force: bool = False) -> dict:
     """One adapter per user (`data.user: all`): users/ID/ holds each user's run, adapters/ID/ its adapter.
     With several ranks, rank r trains users r, r+N, ... on its own; rank 0 then sums up.
 
@@ -27,17 +27,17 @@ def train_per_user(recipe: Recipe, run_dir: Path, reporter, resume: bool = False
     """
     run_dir = Path(run_dir)
     with owned_job(recipe, run_dir) as (job, world):
-        return _fan_out(recipe, run_dir, reporter if world.is_main else SilentReporter(), resume, force, job, world)
+        return _fan_out(recipe, run_dir, display if world.is_main else SilentDisplay(), resume, force, job, world)
 
 
-def _fan_out(recipe: Recipe, run_dir: Path, reporter, resume: bool, force: bool, job: Job, world: World) -> dict:
+def _fan_out(recipe: Recipe, run_dir: Path, display, resume: bool, force: bool, job: Job, world: World) -> dict:
     with rundir.opened_run(run_dir, recipe, resume, force, world, lambda: (user_tasks(recipe), 0), job) as tasks:
         if tasks is None:
             return {"stopped": job.signals.requested, "steps": 0}
-        return _train_users(recipe, RunDir(run_dir), reporter, resume, job, world, tasks)
+        return _train_users(recipe, RunDir(run_dir), display, resume, job, world, tasks)
 
 
-def _train_users(recipe: Recipe, run: RunDir, reporter, resume: bool, job: Job, world: World, tasks: dict) -> dict:
+def _train_users(recipe: Recipe, run: RunDir, display, resume: bool, job: Job, world: World, tasks: dict) -> dict:
     user_ids = list(tasks)
     if recipe.overnight.report and world.is_main and job.state["eval_before"] is None:
         job.state["eval_before"] = _users_eval(recipe, run.eval_before, None)
@@ -46,7 +46,7 @@ def _train_users(recipe: Recipe, run: RunDir, reporter, resume: bool, job: Job, 
         sub = run.user(user_id)
         if _finished_summary(sub):
             continue
-        user_reporter = reporter.for_user(user_id) if hasattr(reporter, "for_user") else reporter
+        user_display = display.for_user(user_id) if hasattr(display, "for_user") else display
         try:
             # the previous user's model sits in reference cycles: free it, and the heap it leaves, before the next loads
             release_freed_memory()
@@ -56,7 +56,7 @@ def _train_users(recipe: Recipe, run: RunDir, reporter, resume: bool, job: Job, 
             summary = train_adapter(
                 user_recipe,
                 sub.root,
-                user_reporter,
+                user_display,
                 resume=resume and sub.holds_run(),
                 force=True,
                 adapter_dir=run.user_adapter(user_id),
@@ -70,10 +70,10 @@ def _train_users(recipe: Recipe, run: RunDir, reporter, resume: bool, job: Job, 
     world.barrier()
     if not world.is_main:
         return {"rank": world.rank}
-    return _per_user_summary(recipe, run, user_ids, reporter, job)
+    return _per_user_summary(recipe, run, user_ids, display, job)
 
 
-def _per_user_summary(recipe: Recipe, run: RunDir, user_ids: list[str], reporter, job: Job) -> dict:
+def _per_user_summary(recipe: Recipe, run: RunDir, user_ids: list[str], display, job: Job) -> dict:
     """Totals over the users' runs on disk; `stopped` while any user's run is unfinished. With overnight.report,
     the held-out metrics before (the base) and after (each user's adapter) go into it and report.json/md."""
     summaries = [json.loads(run.user(u).summary.read_text()) for u in user_ids if run.user(u).summary.is_file()]
@@ -97,7 +97,7 @@ def _per_user_summary(recipe: Recipe, run: RunDir, user_ids: list[str], reporter
         if summary["memory"]:
             summary["memory"] = rebased(summary["memory"], summary["peak_mem_mb"])
     write_json_atomic(run.summary, summary)
-    reporter.on_end(summary)
+    display.on_end(summary)
     return summary
 
 

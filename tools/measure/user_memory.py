@@ -22,10 +22,10 @@ import synthetic  # noqa: E402
 from lcsb_cli.model.memory import peak_rss_mb, reset_peak_rss, rss_mb  # noqa: E402
 from lcsb_cli.recipe import load_recipe  # noqa: E402
 from lcsb_cli.run.entry import train  # noqa: E402
-from lcsb_cli.run.hooks import SilentReporter  # noqa: E402
+from lcsb_cli.run.hooks import SilentDisplay  # noqa: E402
 
 
-class EachUser(SilentReporter):
+class EachUser(SilentDisplay):
     def __init__(self):
         self.peaks: list[float] = []
         self.ends: list[float] = []
