@@ -87,8 +87,7 @@ def main() -> None:
     args = parser.parse_intermixed_args()
     recipe = load_recipe(args.recipe, [*DEFAULTS, *args.overrides])
     trainer, loaded, _ = build_trainer(recipe)
-    trainer.good.take()
-    loaded.model.train()
+    trainer.begin()
     for step in range(args.warmup):
         trainer.step(step)
     with profile(activities=[ProfilerActivity.CPU], record_shapes=not args.plain, with_flops=not args.plain) as prof:

@@ -34,9 +34,8 @@ def main() -> None:
     parser.add_argument("--sdpa", choices=sorted(BACKENDS), default="flash")
     parser.add_argument("--busy", action="store_true", help="a busy loop on one core while the steps run")
     args = parser.parse_intermixed_args()
-    trainer, loaded, _ = build_trainer(load_recipe(args.recipe, args.overrides))
-    trainer.good.take()
-    loaded.model.train()
+    trainer, _, _ = build_trainer(load_recipe(args.recipe, args.overrides))
+    trainer.begin()
     with contextlib.ExitStack() as stack:
         if args.busy:
             busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
