@@ -54,7 +54,7 @@ def main(users: int, overrides: list[str]) -> None:
     recipe = load_recipe(REPO / "recipes" / "lamp2.yaml", [*paths, f"output_dir={data / 'run'}", *overrides])
     each = EachUser()
     summary = train(recipe, Path(recipe.output_dir), each)
-    print(json.dumps({"peaks": each.peaks, "ends": each.ends, "run_peak": summary["peak_mem_mb"]}))
+    print(json.dumps({"peaks": each.peaks, "ends": each.ends, "run_peak": round(summary["peak_mem_mb"], 1)}))
 
 
 _FILES = {
