@@ -11,6 +11,8 @@ import pytest
 from helpers import REPO, cli, kill_after_step
 from safetensors.torch import load_file
 
+from lcsb_cli.data.personal import load_personal
+from lcsb_cli.data.records import item_hash, personal_record
 from lcsb_cli.run import lineage
 
 SAMPLE = REPO / "recipes" / "data" / "personal" / "movies.jsonl"
@@ -76,8 +78,8 @@ def test_a_night_on_unchanged_data_changes_nothing(days, tmp_path):
 
 def test_new_items_are_found_and_old_ones_not_relearned(days):
     root, first, second = days
-    old = {lineage.item_hash(e) for e in lineage.load_personal(first).examples}
-    new = {lineage.item_hash(e) for e in lineage.load_personal(second).examples} - old
+    old = {item_hash(e) for e in load_personal(first).examples}
+    new = {item_hash(e) for e in load_personal(second).examples} - old
     plan = json.loads((root / "after2" / "nights" / "002" / "plan.json").read_text())
     state1 = lineage.read_state(root / "after1")
     assert set(plan["new"]) == new and len(new) == 40
@@ -149,13 +151,13 @@ def test_items_after_the_watermark_are_new_and_an_unseen_older_line_is_late(days
 
     root, _, second = days
     state = lineage.read_state(root / "after2")
-    examples = lineage.load_personal(second).examples
+    examples = load_personal(second).examples
     assert state["watermark"] == max(e.timestamp for e in examples)
     backfilled = replace(examples[5], id="backfilled", timestamp=examples[5].timestamp + 1)
     later = [replace(examples[0], id=f"later-{i}", timestamp=state["watermark"] + 60 * i) for i in range(1, 4)]
     recipe, _, _ = _night_args(root, second)
-    plan = lineage._plan(recipe, state, [*examples, backfilled, *later])
-    assert plan["new"] == [lineage.item_hash(e) for e in (backfilled, *later)] and plan["late"] == 1
+    plan = lineage._plan(recipe, state, [personal_record(e) for e in (*examples, backfilled, *later)], True)
+    assert plan["new"] == [item_hash(e) for e in (backfilled, *later)] and plan["late"] == 1
     assert plan["newest"] == later[-1].timestamp
 
 
@@ -175,10 +177,10 @@ def test_data_user_all_gives_each_user_a_lineage(tmp_path):
     ran(proc)
     lines = proc.stdout.strip().splitlines()
     assert [line.split(":")[0] for line in lines] == ["alex", "sam"] and all(": night 1: 20 new" in x for x in lines)
-    examples = lineage.load_personal(data).examples
+    examples = load_personal(data).examples
     for user in ("alex", "sam"):
         state = lineage.read_state(tmp_path / "lineages" / "users" / user)
-        assert set(state["seen"]) == {lineage.item_hash(e) for e in examples if e.user == user}
+        assert set(state["seen"]) == {item_hash(e) for e in examples if e.user == user}
         assert state["current"] == "nights/001/run/adapter"
 
 

@@ -22,7 +22,7 @@ def night(
     ] = None,
 ) -> None:
     """Tonight's night of a lineage: learn the items that came in since the last night on top of the promoted
-    adapter, and promote the new adapter only if held-out accuracy did not drop; the same command every night.
+    adapter, and promote the new adapter only if its held-out score did not drop; the same command every night.
 
     `data.user=all` (on the command line) runs every user's lineage of the data, each in DIR/users/ID.
     A night cut short (window end, SIGTERM, kill -9) continues when the command runs again. The lineage dir works as

@@ -57,8 +57,11 @@ def _label_problem(label: str) -> str | None:
     return None
 
 
-def _parse_timestamp(value: Any) -> float:
-    """POSIX seconds (UTC) from a number or an ISO-8601 string; ValueError with the reason otherwise."""
+def parse_timestamp(value: Any) -> float:
+    """POSIX seconds (UTC) from a number, an ISO-8601 string or a datetime (a parquet or arrow timestamp column);
+    ValueError with the reason otherwise."""
+    if isinstance(value, datetime):
+        return (value if value.tzinfo else value.replace(tzinfo=timezone.utc)).timestamp()
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         if not math.isfinite(value):
             raise ValueError(f"timestamp {value!r} is not a finite number")
@@ -98,7 +101,7 @@ def _parse_line(raw: str, line: int, labels: Sequence[str] | None) -> PersonalEx
         raise ValueError(problem)
     if "timestamp" not in item:
         raise ValueError('"timestamp" is missing')
-    timestamp = _parse_timestamp(item["timestamp"])
+    timestamp = parse_timestamp(item["timestamp"])
     user = item.get("user")
     if user is not None and not isinstance(user, str):
         raise ValueError('"user" must be a string when given')

@@ -222,7 +222,8 @@ class LineageConfig:
     )
     tolerance: float = key(
         0.0,
-        "`lcsb night`: the accuracy a night may lose on the held-out newest items or the probe and still be promoted",
+        "`lcsb night`: what a night may lose on the held-out newest items or the probe and still be promoted: "
+        "accuracy, or nats of held-out loss for chat, completion and text",
         min=0.0,
     )
     probe: int = key(8, "`lcsb night`: the earliest items learned, kept as the fixed probe for forgetting", min=1)

@@ -1,12 +1,15 @@
 """A nightly lineage (`lcsb night`): one directory per user, the same command every night, each night a single run
 warm-started (`lora.init`) from the promoted adapter.
 
-A night: the items newer than the lineage's watermark (the newest timestamp it has learned) are new, and so are
-older ones whose content hash it has not seen (a backfilled or relabelled line: `late`). Ordered by timestamp, the
-newest `data.eval_fraction` of them are held out, the rest (with the previous night's held-out items) are trained on
+A night reads phone labels, chat, completion, text, preference or feedback data (data/records.py). In a file
+whose records carry timestamps, the items newer than the lineage's watermark (the newest timestamp it has learned)
+are new, and so are older ones whose content hash it has not seen (a backfilled or relabelled line: `late`); in a
+file without timestamps, the records whose content hash it has not seen, in the file's order. The newest
+`data.eval_fraction` of them are held out, the rest (with the previous night's held-out items) are trained on
 together with a seeded replay sample of earlier items (`lineage.replay`); the promoted adapter and the night's are
-scored on the held-out items and on a fixed probe of the earliest items learned (forgetting).
-The night's adapter is promoted unless it lost more than `lineage.tolerance` accuracy on either.
+scored on the held-out items and on a fixed probe of the earliest items learned (forgetting): accuracy for labels,
+preference and feedback data, held-out loss for chat, completion and text. The night's adapter is promoted unless
+it lost more than `lineage.tolerance` (accuracy, or nats of loss) on either.
 
 The lineage dir: lineage.json (the nights, the items seen, the promoted adapter: replaced in one os.replace, the
 promotion), config.yaml (the recipe; with adapter -> the promoted adapter, `lcsb export/chat/generate/eval` take
@@ -17,7 +20,6 @@ uninterrupted one; a night on unchanged data changes nothing.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
@@ -26,7 +28,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from ..atomic import write_json_atomic, write_text_atomic
-from ..data.personal import PersonalExample, load_personal
+from ..data.records import Record, json_lines, read_records
 from ..errors import BadInput
 from ..recipe import Recipe, dump, replace_key
 from ..rundir import RunDir
@@ -34,6 +36,8 @@ from ..rundir.checkpoint import checkpoint_dirs
 from .engine import train_adapter
 
 FILES = ("train.jsonl", "held_out.jsonl")
+# the formats whose nights are scored by held-out loss (lower is better)
+LOSS_SCORED = ("chat", "completion", "text")
 EMPTY = {"nights": [], "seen": [], "carried": [], "learned": [], "probe": [], "current": None, "watermark": None}
 
 
@@ -46,15 +50,15 @@ def night(recipe: Recipe, root: Path, display) -> dict:
     state = read_state(root)
     write_text_atomic(root / "config.yaml", dump(replace_key(recipe, "output_dir", str(root))))
     _link_current(root, state)
-    data = load_personal(recipe.data.train, recipe.data.on_bad_line, recipe.data.labels)
-    plan = _plan(recipe, state, data.examples)
+    records = read_records(recipe.data)
+    plan = _plan(recipe, state, records.items, records.timed)
     if plan is None:
         record = {"night": None, "new": 0, "current": state["current"], "nights": len(state["nights"])}
         _write_report(root, state, record)
         return record
     night_dir = root / "nights" / f"{plan['night']:03d}"
-    _write_plan(root, night_dir, plan, data.examples)
-    night_recipe = _night_recipe(recipe, root, night_dir, state, data.labels)
+    _write_plan(root, night_dir, plan, records.items)
+    night_recipe = _night_recipe(recipe, root, night_dir, state, records.labels)
     before = _scores(night_recipe, root, night_dir, "before", _adapter(root, state["current"]))
     summary = _train_night(night_recipe, night_dir / "run", display)
     if summary.get("stopped"):
@@ -71,14 +75,15 @@ def night(recipe: Recipe, root: Path, display) -> dict:
 def nights_per_user(recipe: Recipe, root: Path, display) -> dict:
     """`data.user: all`: tonight's night of every user's lineage, in root/users/ID (each a lineage dir), one user
     after another over the same label set; returns each user's record."""
-    data = load_personal(recipe.data.train, recipe.data.on_bad_line, recipe.data.labels)
-    users = sorted({e.user for e in data.examples if e.user is not None})
+    records = read_records(recipe.data)
+    users = sorted({r.user for r in records.items if r.user is not None})
     if not users:
         raise BadInput(f'lcsb night: data.user is all, but no line of {recipe.data.train} has a "user"')
     for user in users:
         if user in (".", "..") or Path(user).name != user:
             raise BadInput(f"lcsb night: user id {user!r} cannot name a lineage dir (users/ID); rename it in the data")
-    recipe = replace_key(recipe, "data.labels", list(data.labels))
+    if records.labels is not None:
+        recipe = replace_key(recipe, "data.labels", list(records.labels))
     return {user: night(replace_key(recipe, "data.user", user), Path(root) / "users" / user, display) for user in users}
 
 
@@ -97,20 +102,13 @@ def promote(root: Path, state: dict, plan: dict, record: dict) -> dict:
         "learned": [*state["learned"], *plan["learned"]],
         "probe": state["probe"] or plan["train_new"][: plan["probe_size"]],
         "current": record["adapter"],
-        "watermark": max(plan["newest"], state.get("watermark") or plan["newest"]),
+        "watermark": None if plan["newest"] is None else max(plan["newest"], state.get("watermark") or plan["newest"]),
     }
     write_json_atomic(Path(root) / "lineage.json", new_state)
     return new_state
 
 
-def item_hash(example: PersonalExample) -> str:
-    fields = [example.id, example.text, example.label, example.timestamp, example.user]
-    return hashlib.sha256(json.dumps(fields).encode()).hexdigest()[:32]
-
-
 def _check(recipe: Recipe) -> None:
-    if recipe.data.format != "jsonl":
-        raise BadInput(f"lcsb night: data.format is {recipe.data.format}; a lineage reads phone labels (jsonl)")
     if recipe.data.eval is not None:
         raise BadInput("lcsb night: data.eval is set; a lineage holds out the newest items of each night itself")
     if recipe.lora.init is not None:
@@ -119,17 +117,18 @@ def _check(recipe: Recipe) -> None:
         raise BadInput(f"lineage.replay is {recipe.lineage.replay}; a share in [0, 1), e.g. 0.5")
 
 
-def _plan(recipe: Recipe, state: dict, examples: list[PersonalExample]) -> dict | None:
-    """Tonight's items as hashes: new (newer than the watermark, or at or before it and unseen: late), held out (the
-    newest), trained (carried + the rest of new), replayed."""
-    by_time = sorted((e for e in examples if recipe.data.user in (None, e.user)), key=lambda e: (e.timestamp, e.id))
+def _plan(recipe: Recipe, state: dict, records: list[Record], timed: bool) -> dict | None:
+    """Tonight's items as hashes: new (unseen, or newer than the watermark; an unseen one at or before it is late),
+    held out (the newest, or the last in the file), trained (carried + the rest of new), replayed."""
+    mine = [r for r in records if recipe.data.user in (None, r.user)]
+    ordered = sorted(mine, key=lambda r: (r.timestamp, str(r.row.get("id", "")))) if timed else mine
     seen, watermark = set(state["seen"]), state.get("watermark")
-    new = [e for e in by_time if watermark is None or e.timestamp > watermark or item_hash(e) not in seen]
+    new = [r for r in ordered if r.hash not in seen or (watermark is not None and r.timestamp > watermark)]
     if len(new) < 2:
         return None
     held = min(max(1, math.ceil(len(new) * recipe.data.eval_fraction)), len(new) - 1)
-    train_new = [item_hash(e) for e in new[:-held]]
-    present = {item_hash(e) for e in by_time}
+    train_new = [r.hash for r in new[:-held]]
+    present = {r.hash for r in ordered}
     pool = sorted(h for h in state["learned"] if h in present and h not in set(state["probe"]))
     fresh = [h for h in state["carried"] if h in present] + train_new
     share = recipe.lineage.replay
@@ -137,41 +136,36 @@ def _plan(recipe: Recipe, state: dict, examples: list[PersonalExample]) -> dict 
     number = len(state["nights"]) + 1
     return {
         "night": number,
-        "new": [item_hash(e) for e in new],
-        "held_out": [item_hash(e) for e in new[-held:]],
+        "new": [r.hash for r in new],
+        "held_out": [r.hash for r in new[-held:]],
         "train_new": train_new,
         "learned": fresh,
         "train": fresh + random.Random(f"{recipe.train.seed}-{number}").sample(pool, count),
         "replay": count,
         "probe_size": recipe.lineage.probe,
-        "range": [_iso(new[0].timestamp), _iso(new[-1].timestamp)],
+        "range": [_iso(new[0].timestamp), _iso(new[-1].timestamp)] if timed else None,
         "newest": new[-1].timestamp,
-        "late": sum(watermark is not None and e.timestamp <= watermark for e in new),
+        "late": sum(watermark is not None and r.timestamp <= watermark for r in new),
     }
 
 
-def _write_plan(root: Path, night_dir: Path, plan: dict, examples: list[PersonalExample]) -> None:
+def _write_plan(root: Path, night_dir: Path, plan: dict, records: list[Record]) -> None:
     """The night's item files (the same bytes however often they are rewritten) and, on the first night, the probe."""
-    by_hash = {item_hash(e): e for e in examples}
+    by_hash = {r.hash: r for r in records}
     night_dir.mkdir(parents=True, exist_ok=True)
     write_json_atomic(night_dir / "plan.json", plan)
     for name, hashes in zip(FILES, (plan["train"], plan["held_out"])):
-        _write_items(night_dir / name, [by_hash[h] for h in hashes])
+        write_text_atomic(night_dir / name, json_lines([by_hash[h] for h in hashes]))
     if not (root / "probe.jsonl").is_file():
         probe = plan["train_new"][: plan["probe_size"]]
-        _write_items(root / "probe.jsonl", [by_hash[h] for h in probe])
-
-
-def _write_items(path: Path, examples: list[PersonalExample]) -> None:
-    rows = ({"id": e.id, "text": e.text, "label": e.label, "timestamp": e.timestamp, "user": e.user} for e in examples)
-    write_text_atomic(path, "".join(json.dumps(row) + "\n" for row in rows))
+        write_text_atomic(root / "probe.jsonl", json_lines([by_hash[h] for h in probe]))
 
 
 def _night_recipe(recipe: Recipe, root: Path, night_dir: Path, state: dict, labels) -> Recipe:
     changes = {
         "data.train": str(night_dir / "train.jsonl"),
         "data.eval": str(night_dir / "held_out.jsonl"),
-        "data.labels": list(labels),
+        "data.labels": None if labels is None else list(labels),
         "lora.init": None if state["current"] is None else str(_adapter(root, state["current"])),
         "overnight.report": False,
         "output_dir": str(night_dir / "run"),
@@ -185,8 +179,13 @@ def _adapter(root: Path, current: str | None) -> Path | None:
     return None if current is None else root / current
 
 
+def metric(recipe: Recipe) -> str:
+    """What a night is scored by: accuracy where the items have answers to rank, else the held-out loss."""
+    return "loss" if recipe.data.format in LOSS_SCORED else "accuracy"
+
+
 def _scores(recipe: Recipe, root: Path, night_dir: Path, phase: str, adapter: Path | None) -> dict:
-    """Accuracy on the held-out items and on the probe, each evaluation kept in its own dir (eval.json) and read
+    """The metric on the held-out items and on the probe, each evaluation kept in its own dir (eval.json) and read
     back when the night runs again."""
     from ..evaluate import run_eval
 
@@ -195,7 +194,7 @@ def _scores(recipe: Recipe, root: Path, night_dir: Path, phase: str, adapter: Pa
         output = night_dir / f"eval-{phase}-{name}"
         if not (output / "eval.json").is_file():
             run_eval(replace_key(recipe, "data.eval", str(items)), output, adapter)
-        scores[name] = json.loads((output / "eval.json").read_text())["accuracy"]
+        scores[name] = json.loads((output / "eval.json").read_text())[metric(recipe)]
     return scores
 
 
@@ -211,8 +210,8 @@ def _train_night(recipe: Recipe, run_dir: Path, display) -> dict:
 
 
 def _record(recipe, plan: dict, state: dict, before: dict, after: dict, summary: dict, night_dir: Path) -> dict:
-    tolerance = recipe.lineage.tolerance
-    promoted = all(after[k] >= before[k] - tolerance for k in before)
+    tolerance, scored_by = recipe.lineage.tolerance, metric(recipe)
+    promoted = promotes(scored_by, before, after, tolerance)
     return {
         "night": plan["night"],
         "range": plan["range"],
@@ -221,6 +220,7 @@ def _record(recipe, plan: dict, state: dict, before: dict, after: dict, summary:
         "held_out": len(plan["held_out"]),
         "trained": len(plan["train"]),
         "replayed": plan["replay"],
+        "metric": scored_by,
         "before": before,
         "after": after,
         "tolerance": tolerance,
@@ -229,6 +229,12 @@ def _record(recipe, plan: dict, state: dict, before: dict, after: dict, summary:
         "steps": summary["steps"],
         "train_time_s": summary.get("wall_time_s"),
     }
+
+
+def promotes(scored_by: str, before: dict, after: dict, tolerance: float) -> bool:
+    """No score worse by more than `tolerance`: accuracy down, or loss up."""
+    sign = -1 if scored_by == "loss" else 1
+    return all(sign * (after[name] - before[name]) >= -tolerance for name in before)
 
 
 def _job_figures(run: RunDir) -> dict:
@@ -267,8 +273,9 @@ def morning_line(record: dict, state: dict) -> str:
     """One line: what tonight did, with the figures before and after and which adapter is served."""
     if record.get("night") is None:
         return f"no new items since night {len(state['nights'])}; the promoted adapter stays {state['current']}"
+    scored_by = record.get("metric", "accuracy")
     scores = ", ".join(
-        f"{name} accuracy {record['before'][name]:.3f} -> {record['after'][name]:.3f}" for name in record["before"]
+        f"{name} {scored_by} {record['before'][name]:.3f} -> {record['after'][name]:.3f}" for name in record["before"]
     )
     verdict = "promoted" if record["promoted"] else f"not promoted, kept {record['adapter'] or 'the base model'}"
     job = record.get("job") or {}
@@ -278,8 +285,9 @@ def morning_line(record: dict, state: dict) -> str:
             f"{job['interruptions']} interruptions)"
         )
     late = f", {record['late']} of them late" if record.get("late") else ""
+    span = f" ({record['range'][0]} .. {record['range'][1]})" if record["range"] else ""
     return (
-        f"night {record['night']}: {record['new']} new items{late} ({record['range'][0]} .. {record['range'][1]}), "
+        f"night {record['night']}: {record['new']} new items{late}{span}, "
         f"trained on {record['trained']} ({record['replayed']} replayed); {scores}: {verdict}"
     )
 
