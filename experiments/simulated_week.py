@@ -2,7 +2,8 @@
 learns day d and is scored on day d+1 (forward chaining), so nights 1..6 are scored (day 7 has no next day).
 
 Three arms on the same days, all from recipes/overnight.yaml (lamp-tiny) on the cpu backend, batch 8:
-  lineage      `lcsb night` (run/lineage.py) on the items so far, a fixed train.max_steps a night, lineage.replay 0.5
+  lineage      `lcsb night` (run/lineage.py) on the items so far, lineage.replay 0.5, a fixed train.max_steps a night
+               (--steps) or lineage.passes over the night's training items (--lineage-passes)
   scratch      a fresh adapter every night on all items so far, ceil(passes * items / batch) steps (cost grows)
   no-replay    the lineage with lineage.replay=0
 Each night's served adapter (the lineage's promoted one) is scored by accuracy on the next day's items and on all of
@@ -128,7 +129,9 @@ def run_week(args) -> dict:
     days = split_days(SAMPLE.read_text().splitlines(keepends=True), DAYS)
     write_days(days, out / "data")
     recipe = base_recipe(args, load_personal(SAMPLE).labels)
-    lineage_recipe = replace_key(recipe, "train.max_steps", args.steps)
+    lineage_recipe = replace_key(
+        replace_key(recipe, "train.max_steps", args.steps), "lineage.passes", args.lineage_passes
+    )
     nights: dict[str, list[dict]] = {name: [] for name in ARMS}
     for night in range(1, DAYS):
         nights["lineage"].append(lineage_night(lineage_recipe, out / "data", out, night, "lineage"))
@@ -141,6 +144,7 @@ def run_week(args) -> dict:
         "seed": args.seed,
         "steps": args.steps,
         "passes": args.passes,
+        "lineage_passes": args.lineage_passes,
         "nights": nights,
     }
 
@@ -190,6 +194,9 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--steps", type=int, default=24, help="the lineage's train.max_steps, every night")
     parser.add_argument("--passes", type=float, default=3.0, help="scratch: passes over all items so far")
+    parser.add_argument(
+        "--lineage-passes", type=float, default=0.0, help="the lineages' lineage.passes (0: --steps every night)"
+    )
     args = parser.parse_args()
     week = run_week(args)
     Path(args.output, "week.json").write_text(json.dumps(week, indent=1))

@@ -138,3 +138,12 @@ def test_data_a_lineage_cannot_order_is_refused_in_one_line(tmp_path, args, mess
     proc = cli("night", "overnight", f"data.train={data}", "data.labels=null", *args, "--output", str(tmp_path / "l"))
     assert proc.returncode == 2 and message in proc.stderr, proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1 and not (tmp_path / "l" / "lineage.json").exists()
+
+
+def test_lineage_passes_sets_a_nights_length_by_its_training_items(tmp_path):
+    data = tmp_path / "pairs.jsonl"
+    data.write_text("".join(PAIRS.read_text().splitlines(keepends=True)[:12]))
+    line = night(tmp_path / "lineage", data, "data.format=preference", "objective=dpo", "lineage.passes=2")
+    record = lineage.read_state(tmp_path / "lineage")["nights"][0]
+    # 9 items trained (3 held out), batch 4: ceil(2 x 9 / 4)
+    assert line.startswith("night 1: 12 new items, trained on 9") and record["steps"] == 5

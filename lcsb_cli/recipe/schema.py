@@ -227,6 +227,12 @@ class LineageConfig:
         min=0.0,
     )
     probe: int = key(8, "`lcsb night`: the earliest items learned, kept as the fixed probe for forgetting", min=1)
+    passes: float = key(
+        0.0,
+        "`lcsb night`: a night's length in passes over its training items (new, carried and replayed): "
+        "ceil(passes x items / (batch_size x grad_accum)) steps; 0: train.max_steps every night",
+        min=0.0,
+    )
 
 
 @dataclass

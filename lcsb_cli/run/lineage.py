@@ -58,7 +58,7 @@ def night(recipe: Recipe, root: Path, display) -> dict:
         return record
     night_dir = root / "nights" / f"{plan['night']:03d}"
     _write_plan(root, night_dir, plan, records.items)
-    night_recipe = _night_recipe(recipe, root, night_dir, state, records.labels)
+    night_recipe = _night_recipe(recipe, root, night_dir, state, records.labels, len(plan["train"]))
     before = _scores(night_recipe, root, night_dir, "before", _adapter(root, state["current"]))
     summary = _train_night(night_recipe, night_dir / "run", display)
     if summary.get("stopped"):
@@ -161,7 +161,7 @@ def _write_plan(root: Path, night_dir: Path, plan: dict, records: list[Record]) 
         write_text_atomic(root / "probe.jsonl", json_lines([by_hash[h] for h in probe]))
 
 
-def _night_recipe(recipe: Recipe, root: Path, night_dir: Path, state: dict, labels) -> Recipe:
+def _night_recipe(recipe: Recipe, root: Path, night_dir: Path, state: dict, labels, items: int) -> Recipe:
     changes = {
         "data.train": str(night_dir / "train.jsonl"),
         "data.eval": str(night_dir / "held_out.jsonl"),
@@ -170,6 +170,9 @@ def _night_recipe(recipe: Recipe, root: Path, night_dir: Path, state: dict, labe
         "overnight.report": False,
         "output_dir": str(night_dir / "run"),
     }
+    if recipe.lineage.passes > 0:
+        per_step = recipe.train.batch_size * recipe.train.grad_accum
+        changes["train.max_steps"] = math.ceil(recipe.lineage.passes * items / per_step)
     for key, value in changes.items():
         recipe = replace_key(recipe, key, value)
     return recipe
