@@ -46,12 +46,12 @@ def _train_users(recipe: Recipe, run: RunDir, display, resume: bool, job: Job, w
         sub = run.user(user_id)
         if _finished_summary(sub):
             continue
+        # the previous user's model sits in reference cycles: free it, and the heap it leaves, before the next loads
+        release_freed_memory()
+        # each user's summary holds its own peak, not the process's so far
+        reset_peak_rss()
         user_display = display.for_user(user_id) if hasattr(display, "for_user") else display
         try:
-            # the previous user's model sits in reference cycles: free it, and the heap it leaves, before the next loads
-            release_freed_memory()
-            # each user's summary holds its own peak, not the process's so far
-            reset_peak_rss()
             user_recipe = replace_key(replace_key(recipe, "data.user", user_id), "overnight.report", False)
             summary = train_adapter(
                 user_recipe,

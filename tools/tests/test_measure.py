@@ -117,3 +117,17 @@ def test_user_memory_gives_each_users_peak_and_the_runs():
     # each user's, then the run's own end
     assert len(found["peaks"]) == len(found["ends"]) == 3
     assert found["run_peak"] >= max(found["peaks"][:2]) > 0
+    # the RSS each user starts from, after the ones before it were freed: below the peak of the user before
+    assert len(found["left"]) == 2 and found["left"][1] < found["peaks"][0]
+
+
+def test_user_memory_clones_train_the_same_user_under_new_ids():
+    sample = load("user_memory").sample(3, clones=True)
+    questions = sample["dev_questions.json"]
+    assert sorted({q["user_id"] for q in questions}) == ["clone_000", "clone_001", "clone_002"]
+    by_user = [[(q["input"], q["profile"]) for q in questions if q["user_id"] == u] for u in ("clone_000", "clone_002")]
+    assert by_user[0] == by_user[1] and len(by_user[0]) > 0
+    golds = {g["id"]: g["output"] for g in sample["dev_outputs.json"]["golds"]}
+    assert [golds[q["id"]] for q in questions if q["user_id"] == "clone_000"] == [
+        golds[q["id"]] for q in questions if q["user_id"] == "clone_001"
+    ]
