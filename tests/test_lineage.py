@@ -16,7 +16,7 @@ from lcsb_cli.data.records import item_hash, personal_record
 from lcsb_cli.run import lineage
 
 SAMPLE = REPO / "recipes" / "data" / "personal" / "movies.jsonl"
-ARGS = ("backend=cpu", "train.max_steps=4", "train.batch_size=4", "train.save_every=2")
+ARGS = ("backend=cpu", "train.max_steps=4", "train.batch_size=4", "train.save_every=2", "lineage.passes=0")
 
 
 def night(root, data, *extra):
@@ -192,13 +192,17 @@ def test_data_user_all_refuses_a_user_id_that_is_a_path(tmp_path):
 
 
 def test_a_night_runs_on_npu_sim(days, tmp_path):
-    """The overnight recipe as shipped (backend npu-sim), one short night."""
+    """The overnight recipe as shipped (backend npu-sim; lineage.passes 1: one pass over the 32 items trained)."""
     _, first, _ = days
-    proc = cli("night", "overnight", f"data.train={first}", "train.max_steps=2", "--output", str(tmp_path / "npu"))
-    assert ran(proc).startswith("night 1: 40 new items")
+    proc = cli("night", "overnight", f"data.train={first}", "--output", str(tmp_path / "npu"))
+    line = ran(proc)
+    assert line.startswith("night 1: 40 new items") and "trained on 32 (0 replayed)" in line
     run = tmp_path / "npu" / "nights" / "001" / "run"
     assert "backend: npu-sim" in (run / "config.yaml").read_text()
-    assert "sim_step_time_s" in json.loads((run / "metrics.jsonl").read_text().splitlines()[-1])
+    steps = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    steps = [row for row in steps if "loss" in row]
+    # batch 8
+    assert [row["step"] for row in steps] == [1, 2, 3, 4] and all("sim_step_time_s" in row for row in steps)
     assert lineage.read_state(tmp_path / "npu")["nights"][0]["job"] == {
         "throttled_s": 0.0,
         "waited_s": 0.0,

@@ -17,6 +17,7 @@ TINY = (
     "train.batch_size=4",
     "train.save_every=2",
     "train.check_initial_loss=false",
+    "lineage.passes=0",
 )
 CHAT = REPO / "recipes" / "data" / "chat" / "train.jsonl"
 PAIRS = REPO / "recipes" / "data" / "prefs" / "pairs_train.jsonl"
