@@ -209,3 +209,30 @@ def test_a_night_runs_on_npu_sim(days, tmp_path):
         "interruptions": 0,
         "resumes": 0,
     }
+
+
+@pytest.mark.parametrize("method", ["full-backprop", "freeze", "lisa", "mezo"])
+def test_a_night_warm_started_from_the_last_trains_with_every_method(days, tmp_path, method):
+    """Night 1 trained with lcsb; night 2, from its promoted adapter, with another method."""
+    _, _, second = days
+    lineage_dir = copy_of(days, "after1", tmp_path)
+    assert ran(night(lineage_dir, second, f"method={method}")).startswith("night 2: 40 new items")
+    run = lineage_dir / "nights" / "002" / "run"
+    assert json.loads((run / "summary.json").read_text())["method"] == method
+    assert f"init: {lineage_dir / 'nights' / '001' / 'run' / 'adapter'}" in (run / "config.yaml").read_text()
+
+
+@pytest.mark.slow
+def test_nights_on_a_packed_gguf_base(days, tmp_path):
+    """Two nights on a Q8_0 file kept packed (`quantization: gguf`), the second warm-started from the first (the
+    random-init base learns nothing, so any night is promoted: tolerance 1)."""
+    from gguf_families import family_file
+
+    _, first, second = days
+    source = family_file("llama", "Q8_0")
+    args = (f"model.name={source}", "quantization=gguf", "lcsb.blocks=2", "lineage.tolerance=1")
+    args = (*args, "train.check_initial_loss=false")
+    assert ran(night(tmp_path / "lineage", first, *args)).startswith("night 1: 40 new items")
+    assert ran(night(tmp_path / "lineage", second, *args)).startswith("night 2: 40 new items")
+    config = (tmp_path / "lineage" / "nights" / "002" / "run" / "config.yaml").read_text()
+    assert "quantization: gguf" in config and "nights/001/run/adapter" in config
