@@ -230,8 +230,13 @@ def test_nights_on_a_packed_gguf_base(days, tmp_path):
 
     _, first, second = days
     source = family_file("llama", "Q8_0")
-    args = (f"model.name={source}", "quantization=gguf", "lcsb.blocks=2", "lineage.tolerance=1")
-    args = (*args, "train.check_initial_loss=false")
+    args = (
+        f"model.name={source}",
+        "quantization=gguf",
+        "lcsb.blocks=2",
+        "lineage.tolerance=1",
+        "train.check_initial_loss=false",
+    )
     assert ran(night(tmp_path / "lineage", first, *args)).startswith("night 1: 40 new items")
     assert ran(night(tmp_path / "lineage", second, *args)).startswith("night 2: 40 new items")
     config = (tmp_path / "lineage" / "nights" / "002" / "run" / "config.yaml").read_text()
