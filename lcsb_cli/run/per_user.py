@@ -9,6 +9,7 @@ from .. import rundir
 from ..atomic import write_json_atomic
 from ..data import user_tasks
 from ..errors import Diverged
+from ..model.load import shared_tokenizers
 from ..model.memory import process_peak_rss_mb, rebased, release_freed_memory, reset_peak_rss
 from ..recipe import Recipe, replace_key
 from ..rundir import RunDir
@@ -26,7 +27,8 @@ def train_per_user(recipe: Recipe, run_dir: Path, display, resume: bool = False,
     On --resume, finished users are kept, the interrupted one resumes from its checkpoint, the rest start.
     """
     run_dir = Path(run_dir)
-    with owned_job(recipe, run_dir) as (job, world):
+    # one tokenizer for every user's load of the same base, and for the evaluations
+    with owned_job(recipe, run_dir) as (job, world), shared_tokenizers():
         return _fan_out(recipe, run_dir, display if world.is_main else SilentDisplay(), resume, force, job, world)
 
 
