@@ -89,6 +89,7 @@ def _per_user_eval(loaded, recipe: Recipe, run_dir: Path | None, phase=silent):
     """LaMP-2 per-user runs: each user's questions with that user's adapter (the base model without a run dir)."""
     from ..data import TAGS, user_profile_questions, users
     from ..model.adapter import load_into
+    from ..model.memory import release_freed_memory
 
     items, preds, per_user, hits = [], [], {}, 0
     by_user = users(recipe)
@@ -96,6 +97,8 @@ def _per_user_eval(loaded, recipe: Recipe, run_dir: Path | None, phase=silent):
     for user_id in by_user if run_dir is not None else ():
         _check_user_adapter(loaded.model, RunDir(run_dir).user_adapter(user_id))
     for user_id, user_questions in by_user.items():
+        # what the last user's scoring freed goes back to the OS before this user's batches of other lengths come
+        release_freed_memory()
         if run_dir is not None:
             load_into(loaded.model, RunDir(run_dir).user_adapter(user_id))
         with phase(user_id, len(user_questions)) as advance:
