@@ -167,7 +167,7 @@ def merged_model(recipe, adapter: Path):
 
 
 def _merged_hf(recipe, adapter: Path, target: Path) -> None:
-    from .model.load import load_tokenizer
+    from .model.tokenizer import load_tokenizer
 
     merged, base_dir = merged_model(recipe, adapter)
     tokenizer = load_tokenizer(base_dir)

@@ -9,8 +9,8 @@ from .. import rundir
 from ..atomic import write_json_atomic
 from ..data import user_tasks
 from ..errors import Diverged
-from ..model.load import shared_tokenizers
 from ..model.memory import process_peak_rss_mb, rebased, release_freed_memory, reset_peak_rss
+from ..model.tokenizer import shared_tokenizers
 from ..recipe import Recipe, replace_key
 from ..rundir import RunDir
 from ..rundir.summary import aggregate
