@@ -9,6 +9,7 @@ import pytest
 from helpers import REPO, cli
 
 from lcsb_cli.data.records import read_records
+from lcsb_cli.errors import BadInput
 from lcsb_cli.run import lineage
 
 TINY = (
@@ -148,3 +149,13 @@ def test_lineage_passes_sets_a_nights_length_by_its_training_items(tmp_path):
     record = lineage.read_state(tmp_path / "lineage")["nights"][0]
     # 9 items trained (3 held out), batch 4: ceil(2 x 9 / 4)
     assert line.startswith("night 1: 12 new items, trained on 9") and record["steps"] == 5
+
+
+def test_a_bad_line_is_named_or_left_out_as_data_on_bad_line_says(tmp_path):
+    rows = [json.dumps(row) for row in timed_chats(4)]
+    data = tmp_path / "chats.jsonl"
+    data.write_text("\n".join([rows[0], "{not json", *rows[1:]]) + "\n")
+    with pytest.raises(BadInput, match=r"chats\.jsonl: line 2: not valid JSON .*data\.on_bad_line=skip"):
+        read_records(data_section(data, "chat"))
+    kept = read_records(SimpleNamespace(**{**vars(data_section(data, "chat")), "on_bad_line": "skip"}))
+    assert [r.row["id"] for r in kept.items] == [json.loads(row)["id"] for row in rows] and kept.timed

@@ -13,11 +13,11 @@ import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from ..errors import BadInput
 from .columns import Shape
 from .files import JSON_LINES, PLAIN, read_source
+from .lm import _parse
 from .personal import PersonalExample, load_personal, parse_timestamp
 
 FORMATS = ("jsonl", "chat", "completion", "text", "preference", "feedback")
@@ -49,8 +49,7 @@ def read_records(data) -> Records:
         return Records([personal_record(e) for e in personal.examples], True, personal.labels)
     if data.format not in FORMATS:
         raise BadInput(f"lcsb night: data.format is {data.format}; a lineage reads {', '.join(FORMATS)}")
-    rows = _rows(Path(data.train), Shape.of(data.format, data.columns))
-    items = [_record(row, number, data.train) for number, row in enumerate(rows, start=1)]
+    items = _records(Path(data.train), Shape.of(data.format, data.columns), data.on_bad_line)
     timed = [item.timestamp is not None for item in items]
     if any(timed) and not all(timed):
         raise BadInput(
@@ -75,38 +74,33 @@ def personal_record(example: PersonalExample) -> Record:
     return Record({**row, "user": example.user}, item_hash(example), example.timestamp, example.user)
 
 
-def _rows(path: Path, shape: Shape) -> list[dict]:
+def _records(path: Path, shape: Shape, on_bad_line: str) -> list[Record]:
+    """Each row's record; a line that is not a JSON object or has a bad timestamp or user raises BadInput naming it,
+    or is left out (on_bad_line: skip), as the night's run would leave it out."""
     source = read_source(path, "data.train", shape)
-    if source.kind == PLAIN:
-        texts = (row["text"].strip() for row in source.rows)
-        return [{shape.names["text"]: text} for text in texts if text]
-    if source.kind != JSON_LINES:
-        return source.rows.to_list()
-    rows = []
+    records = []
     for number, row in enumerate(source.rows, start=1):
-        if row["text"].strip():
-            rows.append(_json_object(row["text"], path, number))
-    return rows
+        if source.kind in (PLAIN, JSON_LINES) and not row["text"].strip():
+            continue
+        try:
+            records.append(_record(_row(row, source.kind, shape)))
+        except ValueError as err:
+            if on_bad_line == "error":
+                raise BadInput(f"{path}: {source.unit} {number}: {err}; fix it or set data.on_bad_line=skip") from None
+    return records
 
 
-def _json_object(raw: str, path: Path, number: int) -> dict:
-    try:
-        row = json.loads(raw.lstrip("\ufeff"))
-    except json.JSONDecodeError as err:
-        raise BadInput(f"{path}: line {number}: not valid JSON ({err.msg} at column {err.colno})") from None
-    if not isinstance(row, dict):
-        raise BadInput(f"{path}: line {number}: expected a JSON object")
-    return row
+def _row(row: dict, kind: str, shape: Shape) -> dict:
+    if kind == PLAIN:
+        return {shape.names["text"]: row["text"].strip()}
+    return _parse(row["text"]) if kind == JSON_LINES else row
 
 
-def _record(row: dict, number: int, path: Any) -> Record:
+def _record(row: dict) -> Record:
     stamp, user = row.get(TIMESTAMP), row.get("user")
-    try:
-        timestamp = None if stamp is None else parse_timestamp(stamp)
-    except ValueError as err:
-        raise BadInput(f"{path}: record {number}: {err}") from None
+    timestamp = None if stamp is None else parse_timestamp(stamp)
     if user is not None and not isinstance(user, str):
-        raise BadInput(f'{path}: record {number}: "user" must be a string when given')
+        raise ValueError('"user" must be a string when given')
     return Record(row, _digest(json.dumps(row, sort_keys=True, default=str)), timestamp, user)
 
 
