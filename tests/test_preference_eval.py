@@ -53,3 +53,15 @@ def test_eval_on_a_trained_preference_run(tmp_path, objective):
     else:
         undesirable = sum(not row["label"] for row in rows) / len(rows)
         assert result["base_accuracy"] == pytest.approx(undesirable)
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("smollm2")
+def test_smollm2_holds_no_preference_on_the_held_out_style_pairs(tmp_path):
+    """The shipped style pairs must teach the real base something: its own likelihood ranks chosen above rejected on
+    about half of the held-out pairs (a preference it already held, or refused, would make training look better or
+    worse than it is)."""
+    proc = cli("eval", str(REPO / "recipes" / "prefs-smollm2.yaml"), "--output", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads((tmp_path / "eval.json").read_text())
+    assert result["n"] == 48 and 0.35 <= result["base_likelihood_accuracy"] <= 0.65, result

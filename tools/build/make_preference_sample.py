@@ -22,55 +22,130 @@ ROOT = Path(__file__).resolve().parents[2]
 SENDERS = ["Sam", "Mia", "Jonas", "Priya", "Tom", "Aisha", "Leo", "Nora", "Ben", "Chloe", "Omar", "Ivy"]
 PLACES = ["the cafe", "the gym", "the station", "Mia's place", "the park", "the cinema", "the office", "the market"]
 TIMES = ["7", "8", "half 6", "noon", "9", "5"]
-# (message, her reply, the formal suggestion she deleted); eval uses the last two templates only
+# (message, her replies, the formal suggestions she deleted); eval uses the last two templates only. Each side has
+# four phrasings of about the same length in tokens as the other side's, so that the pairs differ in register, not in
+# length: under any base a longer reply has a higher mean per-token log-prob and a lower total, which would make
+# "short over long" a preference the base already holds (or already refuses), whichever way it is scored.
 TEMPLATES = [
     (
         "are we still on for {t} at {p}?",
-        "yep, see you at {t}!",
-        "Dear {s}, thank you for your message. I would like to confirm that our meeting at {p} at {t} remains "
-        "scheduled. I look forward to seeing you there. Kind regards, Lena",
+        [
+            "yep, still on! see you at {p} at {t}",
+            "yes!! {t} at {p}, can't wait to see you",
+            "yep, I'll be at {p} at {t}, see you there",
+            "of course, see you at {t}! I'll be the one by the door",
+        ],
+        [
+            "Affirmative; our rendezvous at {p} at {t} stands as arranged.",
+            "I hereby confirm our appointment at {p} at {t}.",
+            "Our engagement at {p} at {t} remains unaltered, I assure you.",
+            "Indeed; I shall present myself at {p} promptly at {t}.",
+        ],
     ),
     (
         "running late, sorry!",
-        "no worries, take your time",
-        "Dear {s}, thank you for letting me know. Please do not worry about the delay; I will wait for you at {p}. "
-        "Kind regards, Lena",
+        [
+            "no worries, take your time, I'm just getting a coffee",
+            "all good! I'm at {p}, no rush at all",
+            "haha no stress, I'm running late too",
+            "totally fine, see you when you get here",
+        ],
+        [
+            "Your tardiness is duly noted; I shall remain at {p} pending your arrival.",
+            "Kindly be advised that I shall await your arrival at {p}.",
+            "The delay is of no consequence; I shall wait at {p} forthwith.",
+            "Please accept my assurance that the delay occasions no inconvenience.",
+        ],
     ),
     (
         "can you grab milk on the way?",
-        "sure thing",
-        "Dear {s}, certainly. I will purchase milk on my way home and bring it with me. Please let me know if there "
-        "is anything else you require. Best regards, Lena",
+        [
+            "sure thing, do we need anything else?",
+            "yep, I'll grab some on the way home",
+            "ok! I'll pick some up, anything else?",
+            "sure, I'll get milk and maybe some cookies too",
+        ],
+        [
+            "Of course; I shall acquire the requested dairy product en route.",
+            "Very well. I shall procure the milk during my return journey.",
+            "I shall endeavour to obtain milk prior to my arrival.",
+            "Your request for milk is noted; I shall attend to it forthwith.",
+        ],
     ),
     (
         "happy birthday!!",
-        "aw thanks!! x",
-        "Dear {s}, thank you very much for your kind birthday wishes. I truly appreciate you thinking of me on this "
-        "occasion. Warm regards, Lena",
+        [
+            "aw thank you so much, you're the best!",
+            "thanks!! can't believe I'm getting so old haha",
+            "thank you!! see you at the party later?",
+            "aww thanks, that's so sweet of you",
+        ],
+        [
+            "I am most grateful for your kind felicitations on this occasion.",
+            "Your birthday felicitations are received with gratitude.",
+            "Please accept my sincere thanks for your gracious birthday wishes.",
+            "I extend my gratitude for your thoughtful acknowledgement of my birthday.",
+        ],
     ),
     (
         "did you see the game last night?",
-        "haha yes, crazy ending",
-        "Dear {s}, yes, I did watch the game yesterday evening. It was indeed a remarkable conclusion to the match. "
-        "Best regards, Lena",
+        [
+            "yes!! what a crazy ending, I couldn't believe it",
+            "haha yes, I was screaming at the tv the whole time",
+            "yeah, so good! that last goal though",
+            "yes, what a game, I can't stop thinking about it",
+        ],
+        [
+            "Indeed, I observed the match; its denouement was most remarkable.",
+            "I did; the conclusion of the fixture was rather unexpected.",
+            "Yes, I witnessed the contest; the final outcome was most extraordinary.",
+            "I viewed the match in its entirety; the result was noteworthy.",
+        ],
     ),
     (
         "want to get food at {p} later?",
-        "ooh yes, {t}?",
-        "Dear {s}, thank you for the kind invitation. I would be delighted to join you for a meal at {p}. Would {t} "
-        "be convenient for you? Kind regards, Lena",
+        [
+            "yes!! I'm so hungry, what time?",
+            "ooh yes, I'd love that! what time works?",
+            "yes please, I haven't eaten all day",
+            "yes, that sounds great, see you there!",
+        ],
+        [
+            "I should be most pleased to dine with you at {p}; shall we convene at {t}?",
+            "Your invitation is accepted; I propose we convene at {p} at {t}.",
+            "It would be agreeable to dine at {p}; I suggest {t}.",
+            "A repast at {p} would be most agreeable; shall we say {t}?",
+        ],
     ),
     (
         "thanks for today :)",
-        "anytime :)",
-        "Dear {s}, you are most welcome. It was a pleasure to spend the day with you, and I hope we can do so again "
-        "soon. Kind regards, Lena",
+        [
+            "anytime :) that was so much fun, let's do it again",
+            "thank you too! I had the best time",
+            "aw same, today was great, see you soon",
+            "it was so fun! let's do it again next week",
+        ],
+        [
+            "The gratitude is entirely mutual; I found our excursion most agreeable.",
+            "It was my pleasure; I trust we shall repeat the occasion.",
+            "I likewise extend my thanks for a most agreeable day.",
+            "Your gratitude is appreciated; the day was highly satisfactory.",
+        ],
     ),
     (
         "can we move to {t}?",
-        "{t} works!",
-        "Dear {s}, thank you for your message. Moving our plans to {t} is perfectly acceptable to me. I will adjust "
-        "my schedule accordingly. Best regards, Lena",
+        [
+            "sure, {t} is fine with me!",
+            "yeah, {t} is better for me anyway",
+            "of course, {t} is perfect",
+            "yes, {t} works, see you then!",
+        ],
+        [
+            "I consent to rescheduling our engagement to {t}.",
+            "Very well; I shall amend my schedule to accommodate {t}.",
+            "The proposed alteration to {t} is acceptable to me.",
+            "I acquiesce to the postponement of our appointment until {t}.",
+        ],
     ),
 ]
 TRAIN_TEMPLATES, N_TRAIN, N_EVAL = 6, 180, 48
@@ -80,6 +155,7 @@ def pairs(rng: random.Random, templates: list, n: int, prefix: str) -> list[dict
     out, seen = [], set()
     while len(out) < n:
         message, mine, formal = rng.choice(templates)
+        mine, formal = rng.choice(mine), rng.choice(formal)
         values = {"s": rng.choice(SENDERS), "p": rng.choice(PLACES), "t": rng.choice(TIMES)}
         prompt = f"Reply to {values['s']}: {message.format(**values)}"
         if prompt in seen:
