@@ -159,3 +159,14 @@ def test_a_bad_line_is_named_or_left_out_as_data_on_bad_line_says(tmp_path):
         read_records(data_section(data, "chat"))
     kept = read_records(SimpleNamespace(**{**vars(data_section(data, "chat")), "on_bad_line": "skip"}))
     assert [r.row["id"] for r in kept.items] == [json.loads(row)["id"] for row in rows] and kept.timed
+
+
+@pytest.mark.parametrize("name", ["overnight", "overnight-smollm2", "overnight-prefs"])
+def test_every_shipped_overnight_recipe_runs_as_a_nightly_lineage(tmp_path, name):
+    """The shipped recipes as a user runs them every night, on their own backends (npu-sim for the smollm2 ones):
+    only the base is swapped for the tiny one, for one step."""
+    tiny = ("model.name=tiny-qwen2", "train.max_steps=1", "train.check_initial_loss=false")
+    proc = cli("night", name, *tiny, "--output", str(tmp_path / "lineage"))
+    assert proc.returncode == 0, proc.stderr
+    state = lineage.read_state(tmp_path / "lineage")
+    assert len(state["nights"]) == 1 and state["nights"][0]["steps"] >= 1
