@@ -135,15 +135,20 @@ def run(args) -> None:
             if method == "full-backprop" or baseline is None:
                 continue
             for seed in args.seeds:
-                reference = baseline["seeds"][seed]["equal_epochs"]
-                own = entry["seeds"][seed]["equal_epochs"]
-                budget = reference["steps"] * reference["median_step_time_s"]
-                equal_steps = max(steps, round(budget / own["median_step_time_s"]))
+                equal_steps = equal_time_steps(
+                    baseline["seeds"][seed]["equal_epochs"], entry["seeds"][seed]["equal_epochs"]
+                )
                 run_dir = out / f"time-seed{seed}" / f"{objective}-{method}-{entry['rate']:g}"
                 summary = train(out, run_dir, objective, method, entry["rate"], equal_steps, seed)
                 entry["seeds"][seed]["equal_time"] = result(out, run_dir, objective, summary)
     (out / "results.json").write_text(json.dumps(results, indent=2))
     report(out)
+
+
+def equal_time_steps(reference: dict, own: dict) -> int:
+    """The steps `own` takes in `reference`'s training time (its steps x median step time), at least its own steps."""
+    budget = reference["steps"] * reference["median_step_time_s"]
+    return max(own["steps"], round(budget / own["median_step_time_s"]))
 
 
 def result(out: Path, run_dir: Path, objective: str, summary: dict) -> dict:

@@ -6,6 +6,8 @@ Three arms on the same days, all from recipes/overnight.yaml (lamp-tiny) on the 
                (--steps) or lineage.passes over the night's training items (--lineage-passes)
   scratch      a fresh adapter every night on all items so far, ceil(passes * items / batch) steps (cost grows)
   no-replay    the lineage with lineage.replay=0
+  ungated      the lineage with lineage.replay=0 and a tolerance no night exceeds: every night promoted, plain
+               sequential fine-tuning (what forgetting looks like when neither replay nor the gate guards against it)
 Each night's served adapter (the lineage's promoted one) is scored by accuracy on the next day's items and on all of
 day 1's items (the day-1 probe; forgetting = its best accuracy during the week minus its last). Training time is the
 runs' summary wall_time_s; a lineage night's total (its gate evaluations included) is reported too.
@@ -33,7 +35,7 @@ from lcsb_cli.run.hooks import SilentDisplay
 SAMPLE = Path(__file__).resolve().parent.parent / "recipes" / "data" / "personal" / "movies.jsonl"
 DAYS = 7
 BATCH = 8
-ARMS = ("lineage", "scratch", "no-replay")
+ARMS = ("lineage", "scratch", "no-replay", "ungated")
 
 
 def split_days(lines: list[str], count: int) -> list[list[str]]:
@@ -138,6 +140,8 @@ def run_week(args) -> dict:
         nights["scratch"].append(scratch_night(recipe, out / "data", out, night, args.passes))
         no_replay = replace_key(lineage_recipe, "lineage.replay", 0.0)
         nights["no-replay"].append(lineage_night(no_replay, out / "data", out, night, "no-replay"))
+        ungated = replace_key(no_replay, "lineage.tolerance", 1e9)
+        nights["ungated"].append(lineage_night(ungated, out / "data", out, night, "ungated"))
         print(f"night {night} done: " + json.dumps({k: v[-1] for k, v in nights.items()}), flush=True)
     return {
         "days": [len(day) for day in days],
@@ -177,12 +181,12 @@ def summary_lines(week: dict) -> list[str]:
     regressed = [n for n, r in enumerate(rows["lineage"], start=1) if r["promoted"] and r["next"] < r["next_before"]]
     return [
         f"- last night, next-day accuracy: lineage {last['lineage']:.3f}, scratch {last['scratch']:.3f}, "
-        f"no-replay {last['no-replay']:.3f}; lineage - scratch = "
+        f"no-replay {last['no-replay']:.3f}, ungated {last['ungated']:.3f}; lineage - scratch = "
         f"{100 * (last['lineage'] - last['scratch']):+.1f} points",
         f"- cumulative training time: lineage {cost['lineage']:.0f} s = {cost['lineage'] / cost['scratch']:.2f} x "
         f"scratch's {cost['scratch']:.0f} s; no-replay {cost['no-replay']:.0f} s",
-        f"- day-1 forgetting (best - last): lineage {100 * forgetting['lineage']:.1f} points, no-replay "
-        f"{100 * forgetting['no-replay']:.1f}, scratch {100 * forgetting['scratch']:.1f}",
+        "- day-1 forgetting (best - last), points: "
+        + ", ".join(f"{name} {100 * forgetting[name]:.1f}" for name in ARMS),
         "- promoted lineage nights whose next-day accuracy fell below the adapter they replaced: "
         f"{regressed or 'none'}",
     ]
