@@ -11,7 +11,8 @@ seed 0 at each rate and scores it on the validation split; the rate with the bes
 is the method's. At that rate, each seed trains `--epochs` epochs (equal epochs; seed 0 is the sweep's run) and lcsb
 also trains for full backprop's time (equal time: full backprop's steps x its median step time over lcsb's median
 step time, both from the same seed's equal-epochs runs). `run` skips what already finished, so it continues where it
-stopped. Every number comes from `lcsb train` and `lcsb eval`.
+stopped. A step takes 8 pairs (dpo, orpo) or 16 feedback rows (kto): 16 responses either way. Every number comes from
+`lcsb train` and `lcsb eval`.
 """
 
 from __future__ import annotations
@@ -32,7 +33,8 @@ METHODS = {
     "lcsb:4:exact": ["method=lcsb", "lcsb.blocks=4", "lcsb.upper_path=exact"],
 }
 FORMAT = {"dpo": "pairs", "orpo": "pairs", "kto": "feedback"}
-BATCH = 8
+# rows a step: 8 pairs, or 16 unpaired feedback rows (the same 16 responses a step)
+BATCH = {"pairs": 8, "feedback": 16}
 
 
 def read_jsonl(path: Path) -> list[dict]:
@@ -83,6 +85,7 @@ def train(out: Path, run: Path, objective: str, method: str, rate: float, steps:
             *data_overrides(out, objective, "val"),
             f"train.lr={rate}",
             f"train.max_steps={steps}",
+            f"train.batch_size={BATCH[FORMAT[objective]]}",
             f"train.seed={seed}",
             "train.save_every=0",
         ]
@@ -116,7 +119,7 @@ def run(args) -> None:
     sizes = split_data(out)
     results = {"epochs": args.epochs, "seeds": args.seeds, "rates": args.rates, "objectives": {}}
     for objective in args.objectives:
-        steps = math.ceil(args.epochs * sizes[FORMAT[objective]] / BATCH)
+        steps = math.ceil(args.epochs * sizes[FORMAT[objective]] / BATCH[FORMAT[objective]])
         row = results["objectives"][objective] = {"base": base_eval(out, objective), "steps": steps, "methods": {}}
         for method in args.methods:
             sweep = {}
