@@ -1,10 +1,13 @@
-"""Write the preference samples into recipes/data/prefs/: one phone user, Lena, who sends the short, informal reply
-a suggestion keyboard offers and deletes the long, formal one.
+"""Write the preference samples into recipes/data/prefs/: one phone user, Lena, who sends the casual reply a
+suggestion keyboard offers and deletes the stiff, formal one.
 
 pairs_train.jsonl, pairs_eval.jsonl: {"id", "prompt", "chosen", "rejected"}: the prompt is a message she received
-("Reply to Sam: are we still on for 7?"), chosen her kind of reply ("yep, see you at 7!"), rejected the formal
-suggestion she deleted. The eval messages are other messages (other senders, times and places in other templates):
-held out by user turn, no eval prompt is a training prompt.
+("Reply to Sam: are we still on for 7 at the cafe?"), chosen her kind of reply ("yep, still on! see you at the cafe at
+7"), rejected the formal suggestion she deleted ("I hereby confirm our appointment at the cafe at 7."). The eval
+messages are other messages (other senders, times and places in other templates): held out by user turn, no eval
+prompt is a training prompt. The base must not already hold the preference: SmolLM2's held-out likelihood accuracy
+is 0.479 (tests/test_preference_eval.py keeps it near chance); the phrasings were picked with the base's score of
+each in view.
 feedback_train.jsonl, feedback_eval.jsonl: the same suggestions as thumbs up / down, {"id", "prompt", "completion",
 "label"}: each pair's two replies as two unpaired examples (the feedback version of the same user).
 Deterministic: the same --seed gives byte-identical files.
