@@ -75,11 +75,13 @@ def test_rss_after_the_tenth_user_is_the_rss_after_the_second(each_user):
 
 def test_what_a_user_leaves_in_use_on_the_heap_does_not_grow_with_the_users(each_user):
     """glibc's bytes in use as each user begins, after the users before it were freed. With a fresh tokenizer a user
-    they grew 72 KB a user (what the tokenizers library keeps of each tokenizer that encoded), 650 KB over these 9."""
+    they grew 72 KB a user (what the tokenizers library keeps of each tokenizer that encoded): 757 KB from the 3rd user
+    to the 10th. With one tokenizer they grow by heap noise: under 150 KB over the same users in most runs of the
+    same code, 183 KB in one; the bound sits between the two."""
     in_use = each_user["in_use"]
     if in_use[0] is None:
         pytest.skip("the C library has no mallinfo2 (not glibc 2.33+)")
-    assert (in_use[-1] - in_use[2]) / 1024 < 150, [round(b / 1024) for b in in_use]
+    assert (in_use[-1] - in_use[2]) / 1024 < 400, [round(b / 1024) for b in in_use]
 
 
 def test_a_per_user_run_loads_its_tokenizer_once(tmp_path, monkeypatch):
